@@ -1,0 +1,80 @@
+// Kernel configurations: which kernel, with which template arguments, split over how many CTAs.
+// A configuration is a value: printable ("z12.nw8.ug2.nb2.pipe3.s1"), parseable from that text,
+// comparable, hashable, and checked against a shape by Validate, which names the rule it breaks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace gemvz {
+
+enum class WeightFormat {
+  kZ12,   // the 12-bit lossless format (format.h)
+  kBf16,  // plain row-major BF16, for matrices that cannot or should not be compressed
+};
+std::string_view FormatName(WeightFormat format);  // "z12" / "bf16"
+
+// Template arguments of one kernel (compiled as such by NVRTC) plus the split-K factor, which is a
+// run-time argument of the same kernel.
+struct KernelConfig {
+  WeightFormat format = WeightFormat::kZ12;
+  int nw = 8;      // streaming warps per CTA (z12 adds one exception warp)
+  int ug = 2;      // 64-wide K groups per loop trip
+  int nb = 2;      // 8-token blocks per launch: up to 8 * nb activation rows
+  int pipe = 3;    // 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2)
+  int splits = 1;  // S: CTAs sharing one row block's K range (split-K)
+
+  std::string ToString() const;  // "z12.nw8.ug2.nb2.pipe3.s1"
+  // The compiled kernel's identity: everything but `splits` ("z12.nw8.ug2.nb2.pipe3").
+  std::string KernelName() const;
+  static absl::StatusOr<KernelConfig> Parse(std::string_view text);
+
+  int threads() const { return (nw + (format == WeightFormat::kZ12 ? 1 : 0)) * 32; }
+  int tokens_per_launch() const { return nb * 8; }
+  // Static shared memory of the kernel, in bytes.
+  int64_t shared_bytes() const;
+
+  friend bool operator==(const KernelConfig& a, const KernelConfig& b) {
+    return a.format == b.format && a.nw == b.nw && a.ug == b.ug && a.nb == b.nb &&
+           a.pipe == b.pipe && a.splits == b.splits;
+  }
+  friend bool operator!=(const KernelConfig& a, const KernelConfig& b) { return !(a == b); }
+  template <typename H>
+  friend H AbslHashValue(H h, const KernelConfig& c) {
+    return H::combine(std::move(h), static_cast<int>(c.format), c.nw, c.ug, c.nb, c.pipe,
+                      c.splits);
+  }
+};
+
+// One launch's problem: m activation rows (1..8*nb), an [n, k] weight matrix.
+struct GemvShape {
+  int64_t m = 1;
+  int64_t n = 0;
+  int64_t k = 0;
+  std::string ToString() const;  // "m8.n4096.k8192"
+};
+
+// What Validate needs to know about the target GPU.
+struct DeviceLimits {
+  int max_threads_per_block = 1024;
+  int64_t max_shared_per_block = 48 * 1024;  // static shared memory
+  int64_t max_grid_x = 2147483647;
+  int64_t max_grid_y = 65535;
+  int sm_count = 132;
+  int cc_major = 9;
+  int cc_minor = 0;
+};
+// An H200's limits, for validating without a GPU.
+DeviceLimits DefaultDeviceLimits();
+
+// The configuration alone: value ranges and NW >= NB.
+absl::Status ValidateConfig(const KernelConfig& config);
+// The configuration against a shape and a device. The message names the rule that fails.
+absl::Status Validate(const KernelConfig& config, const GemvShape& shape,
+                      const DeviceLimits& limits = DefaultDeviceLimits());
+
+}  // namespace gemvz

@@ -1,0 +1,75 @@
+// The product: out[m, N] = x[m, K] * W[N, K]^T on one GPU, with W in the 12-bit format (or plain
+// BF16 where it cannot be compressed). BF16 in, BF16 out, FP32 accumulation, deterministic.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gemvz/config.h"
+#include "gemvz/format.h"
+
+struct CUstream_st;  // the same type as cudaStream_t and CUstream
+
+namespace gemvz {
+
+namespace internal {
+struct DeviceMatrixState;
+}
+
+// A weight matrix resident on one GPU. Cheap to copy (shared ownership); freed with the last copy.
+class DeviceMatrix {
+ public:
+  // Uploads a packed matrix (checked with ValidatePacked first).
+  static absl::StatusOr<DeviceMatrix> Upload(const PackedMatrix& packed, int device = 0);
+  // Uploads BF16 weights [rows, cols] (host, row-major): packed to 12 bits when the shape allows,
+  // else kept as plain BF16; fallback_reason() says why.
+  static absl::StatusOr<DeviceMatrix> FromBf16(const uint16_t* host_bf16, int64_t rows,
+                                               int64_t cols, int device = 0);
+  // Uploads BF16 weights as plain BF16, uncompressed (any shape).
+  static absl::StatusOr<DeviceMatrix> UploadPlain(const uint16_t* host_bf16, int64_t rows,
+                                                  int64_t cols, int device = 0);
+
+  DeviceMatrix() = default;
+  bool valid() const { return state_ != nullptr; }
+  int64_t rows() const;
+  int64_t cols() const;
+  int device() const;
+  WeightFormat format() const;
+  // Device bytes the kernel streams per call (weights and side tables).
+  int64_t weight_bytes() const;
+  // Why the matrix is plain BF16 rather than 12-bit; empty when it is 12-bit or asked plain.
+  const std::string& fallback_reason() const;
+
+  const internal::DeviceMatrixState* state() const { return state_.get(); }
+
+ private:
+  std::shared_ptr<internal::DeviceMatrixState> state_;
+  friend struct internal::DeviceMatrixState;
+};
+
+struct GemvOptions {
+  // Forces a configuration (any valid one; compiled at first use). Else GEMVZ_FORCE_CONFIG, else
+  // the dispatcher's choice.
+  std::optional<KernelConfig> config;
+};
+
+// out[m, N] (device, BF16, row-major) = x[m, K] (device, BF16, row-major) times W^T, on `stream`
+// (nullptr: the legacy default stream). Any m >= 1; large m runs in chunks. Asynchronous;
+// capturable in a CUDA graph. Safe to call concurrently on different streams.
+absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t* out,
+                  CUstream_st* stream, const GemvOptions& options = {});
+
+// How a call would run: the configuration per chunk and where it came from.
+struct GemvPlan {
+  KernelConfig config;
+  std::string source;  // "forced", "env", "tuned", "tuning-file", "heuristic", "autotuned"
+  int64_t chunk_m = 0; // activation rows per launch
+};
+absl::StatusOr<GemvPlan> PlanGemv(const DeviceMatrix& w, int64_t m,
+                                  const GemvOptions& options = {});
+
+}  // namespace gemvz

@@ -1,0 +1,28 @@
+// A tiny logger behind GEMVZ_LOG (0 = warnings only, 1 = info, 2 = debug). Debian's Abseil has no
+// ABSL_LOG, and the library must stay quiet unless asked.
+#pragma once
+
+#include <string>
+
+#include "absl/strings/str_format.h"
+
+namespace gemvz::internal {
+
+enum class LogLevel { kWarning = 0, kInfo = 1, kDebug = 2 };
+
+// The level from GEMVZ_LOG, read once.
+int LogVerbosity();
+void LogLine(LogLevel level, const std::string& message);
+
+template <typename... Args>
+void Log(LogLevel level, const absl::FormatSpec<Args...>& format, const Args&... args) {
+  if (static_cast<int>(level) > LogVerbosity()) return;
+  LogLine(level, absl::StrFormat(format, args...));
+}
+
+}  // namespace gemvz::internal
+
+#define GEMVZ_LOG_INFO(...) ::gemvz::internal::Log(::gemvz::internal::LogLevel::kInfo, __VA_ARGS__)
+#define GEMVZ_LOG_DEBUG(...) ::gemvz::internal::Log(::gemvz::internal::LogLevel::kDebug, __VA_ARGS__)
+#define GEMVZ_LOG_WARNING(...) \
+  ::gemvz::internal::Log(::gemvz::internal::LogLevel::kWarning, __VA_ARGS__)

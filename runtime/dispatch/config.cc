@@ -1,0 +1,128 @@
+// KernelConfig text form and the validation rules every launch passes first.
+#include "gemvz/config.h"
+
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+
+namespace gemvz {
+
+std::string_view FormatName(WeightFormat format) {
+  return format == WeightFormat::kZ12 ? "z12" : "bf16";
+}
+
+std::string KernelConfig::KernelName() const {
+  return absl::StrFormat("%s.nw%d.ug%d.nb%d.pipe%d", FormatName(format), nw, ug, nb, pipe);
+}
+
+std::string KernelConfig::ToString() const { return absl::StrCat(KernelName(), ".s", splits); }
+
+std::string GemvShape::ToString() const { return absl::StrFormat("m%d.n%d.k%d", m, n, k); }
+
+int64_t KernelConfig::shared_bytes() const {
+  // red[NW][NB*32] float4, plus for z12: ecorr[16][NB*8+1] float and two ints.
+  int64_t bytes = static_cast<int64_t>(nw) * nb * 32 * 16;
+  if (format == WeightFormat::kZ12) bytes += 16 * (nb * 8 + 1) * 4 + 8;
+  return bytes + 4;  // s_last
+}
+
+absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text) {
+  const std::vector<std::string_view> parts = absl::StrSplit(text, '.');
+  KernelConfig c;
+  if (parts.empty() || (parts[0] != "z12" && parts[0] != "bf16")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad configuration '", text, "': it must start with the format, z12 or bf16 (e.g. ",
+        "z12.nw8.ug2.nb2.pipe3.s1)"));
+  }
+  c.format = parts[0] == "z12" ? WeightFormat::kZ12 : WeightFormat::kBf16;
+  bool seen[5] = {false, false, false, false, false};
+  static constexpr std::string_view kNames[5] = {"nw", "ug", "nb", "pipe", "s"};
+  int* fields[5] = {&c.nw, &c.ug, &c.nb, &c.pipe, &c.splits};
+  for (size_t i = 1; i < parts.size(); ++i) {
+    std::string_view p = parts[i];
+    int which = -1;
+    // "pipe" before "nb"/"nw" has no prefix clash; check the longest names first.
+    for (int f : {3, 0, 1, 2, 4}) {
+      if (absl::StartsWith(p, kNames[f])) {
+        which = f;
+        break;
+      }
+    }
+    int value = 0;
+    if (which < 0 || !absl::SimpleAtoi(p.substr(kNames[which].size()), &value)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad configuration '", text, "': field '", p,
+          "' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, s<N>"));
+    }
+    if (seen[which]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad configuration '", text, "': field ", kNames[which], " given twice"));
+    }
+    seen[which] = true;
+    *fields[which] = value;
+  }
+  for (int f = 0; f < 4; ++f) {
+    if (!seen[f]) {
+      return absl::InvalidArgumentError(absl::StrCat("bad configuration '", text,
+                                                      "': missing field ", kNames[f], "<N>"));
+    }
+  }
+  if (!seen[4]) c.splits = 1;  // s defaults to 1
+  if (absl::Status st = ValidateConfig(c); !st.ok()) return st;
+  return c;
+}
+
+DeviceLimits DefaultDeviceLimits() { return DeviceLimits{}; }
+
+absl::Status ValidateConfig(const KernelConfig& c) {
+  const std::string name = c.ToString();
+  auto fail = [&](const std::string& rule) {
+    return absl::InvalidArgumentError(absl::StrCat("configuration ", name, " is invalid: ", rule));
+  };
+  if (c.nw < 1 || c.nw > 32) return fail(absl::StrCat("NW must be in 1..32 (got ", c.nw, ")"));
+  if (c.ug < 1 || c.ug > 8) return fail(absl::StrCat("UG must be in 1..8 (got ", c.ug, ")"));
+  if (c.nb < 1 || c.nb > 4) return fail(absl::StrCat("NB must be in 1..4 (got ", c.nb, ")"));
+  if (c.pipe < 0 || c.pipe > 3) {
+    return fail(absl::StrCat("PIPE must be 0, 1, 2 or 3 (got ", c.pipe, ")"));
+  }
+  if (c.splits < 1) return fail(absl::StrCat("S must be at least 1 (got ", c.splits, ")"));
+  if (c.nw < c.nb) {
+    return fail(absl::StrCat("NW >= NB is required: the first NB warps do the final reduction (NW=",
+                             c.nw, ", NB=", c.nb, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Validate(const KernelConfig& c, const GemvShape& s, const DeviceLimits& limits) {
+  if (absl::Status st = ValidateConfig(c); !st.ok()) return st;
+  const std::string where = absl::StrCat("configuration ", c.ToString(), " for ", s.ToString());
+  auto fail = [&](const std::string& rule) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " is invalid: ", rule));
+  };
+  if (c.threads() > limits.max_threads_per_block) {
+    return fail(absl::StrCat("threads per block ", c.threads(), " exceed the device limit ",
+                             limits.max_threads_per_block));
+  }
+  if (c.shared_bytes() > limits.max_shared_per_block) {
+    return fail(absl::StrCat("static shared memory ", c.shared_bytes(), " bytes exceeds ",
+                             limits.max_shared_per_block, " (lower NW or NB)"));
+  }
+  if (s.m < 1 || s.m > c.tokens_per_launch()) {
+    return fail(absl::StrCat("m must be in 1..8*NB = ", c.tokens_per_launch(), " per launch"));
+  }
+  if (s.n < 16 || s.n % 16 != 0) return fail("N must be a positive multiple of 16");
+  if (s.k < 64 || s.k % 64 != 0) return fail("K must be a positive multiple of 64");
+  const int64_t quantum = int64_t{64} * c.splits * c.nw * c.ug;
+  if (s.k % quantum != 0) {
+    return fail(absl::StrCat("K must be divisible by 64*S*NW*UG = ", quantum));
+  }
+  if (s.n / 16 > limits.max_grid_x) return fail("N/16 row blocks exceed the grid's x limit");
+  if (c.splits > limits.max_grid_y) return fail("S exceeds the grid's y limit");
+  return absl::OkStatus();
+}
+
+}  // namespace gemvz

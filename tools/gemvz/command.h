@@ -1,0 +1,24 @@
+// The gemvz CLI's subcommand registry. Each subcommand lives in its own file and registers itself
+// with GEMVZ_REGISTER_COMMAND; main.cc finds it by name, handles --help, and parses absl flags.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gemvz::cli {
+
+struct Command {
+  const char* name;     // "bench"
+  const char* summary;  // one line for `gemvz help`
+  const char* usage;    // full help text: synopsis, every flag, examples
+  // Runs with the positional arguments left after flag parsing (the command name excluded).
+  int (*run)(const std::vector<std::string>& args);
+};
+
+bool RegisterCommand(const Command& command);
+const std::vector<Command>& Commands();
+
+}  // namespace gemvz::cli
+
+#define GEMVZ_REGISTER_COMMAND(id, ...) \
+  static const bool gemvz_command_registered_##id = ::gemvz::cli::RegisterCommand({__VA_ARGS__})

@@ -1,0 +1,11 @@
+#include "tools/gemvz/common_flags.h"
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(std::string, arch, "", "target architecture (sm_90, sm_90a, ...); default: the GPU's, else sm_90");
+ABSL_FLAG(std::string, shape, "", "matrix shape NxK, e.g. 4096x8192");
+ABSL_FLAG(std::string, m, "1,8,16", "comma-separated activation row counts");
+ABSL_FLAG(std::string, config, "", "kernel configuration, e.g. z12.nw8.ug2.nb2.pipe3.s1");
+ABSL_FLAG(std::string, json, "", "write the results as JSON to this file");
+ABSL_FLAG(int, j, 0, "worker threads (0: all cores)");
+ABSL_FLAG(int, device, 0, "GPU ordinal");

@@ -1,0 +1,14 @@
+// Flags that several subcommands share; each is defined once in common_flags.cc.
+#pragma once
+
+#include <string>
+
+#include "absl/flags/declare.h"
+
+ABSL_DECLARE_FLAG(std::string, arch);    // target architecture, e.g. sm_90 (default: the GPU's)
+ABSL_DECLARE_FLAG(std::string, shape);   // NxK, e.g. 4096x8192
+ABSL_DECLARE_FLAG(std::string, m);       // comma list of activation rows, e.g. 1,8,16
+ABSL_DECLARE_FLAG(std::string, config);  // a kernel configuration, e.g. z12.nw8.ug2.nb2.pipe3.s1
+ABSL_DECLARE_FLAG(std::string, json);    // write results as JSON to this file
+ABSL_DECLARE_FLAG(int, j);               // worker threads (0: all cores)
+ABSL_DECLARE_FLAG(int, device);          // GPU ordinal
