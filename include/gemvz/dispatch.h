@@ -1,0 +1,44 @@
+// How configurations are chosen: the tuned table shipped with the library, the tuning file that
+// `gemvz tune --save` and autotuning write, a heuristic for unseen shapes, and the sweep space.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gemvz/config.h"
+
+namespace gemvz {
+
+// One tuned decision: for (arch, format, m, n, k) use `config`.
+struct TunedChoice {
+  std::string arch;  // "sm_90"
+  WeightFormat format = WeightFormat::kZ12;
+  int64_t m = 0, n = 0, k = 0;
+  KernelConfig config;
+  double time_us = 0;  // measured time of the winner, for reports
+};
+
+// The tuning file: GEMVZ_TUNING_FILE, else <CacheDirectory()>/tuning.json.
+std::string TuningFilePath();
+// Merges `choices` into the tuning file (replacing entries of the same key), atomically.
+absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices);
+// The entries of the tuning file (empty when there is none).
+absl::StatusOr<std::vector<TunedChoice>> LoadTunedChoices();
+// The table compiled into the library (DESIGN.md's suite on sm_90).
+const std::vector<TunedChoice>& BuiltinTunedTable();
+
+// Every configuration worth timing for a shape (m rounded up to the launch's token blocks): the
+// valid combinations of NW, UG, NB, PIPE and S.
+std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format);
+
+// The dispatcher's choice without a tuned entry.
+KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm_count = 132);
+
+// The distinct kernels (splits ignored) of the built-in table and the heuristic for the suite:
+// what `gemvz warmup --all-default` compiles.
+std::vector<KernelConfig> DefaultWarmupConfigs();
+
+}  // namespace gemvz
