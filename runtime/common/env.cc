@@ -47,8 +47,9 @@ int64_t GetEnvInt64(const char* name, int64_t default_value) {
 }
 
 absl::StatusOr<int64_t> ParseByteSize(std::string_view text) {
-  std::string_view s = absl::StripAsciiWhitespace(text);
+  // Debian's Abseil has its own string_view type, distinct from std::string_view.
   const std::string original(text);
+  absl::string_view s = absl::StripAsciiWhitespace(original);
   auto bad = [&](std::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bad byte size '", original, "': ", why, " (examples: 1073741824, 512M, 1G, 64MiB)"));
