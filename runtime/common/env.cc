@@ -50,7 +50,7 @@ absl::StatusOr<int64_t> ParseByteSize(std::string_view text) {
   // Debian's Abseil has its own string_view type, distinct from std::string_view.
   const std::string original(text);
   absl::string_view s = absl::StripAsciiWhitespace(original);
-  auto bad = [&](std::string_view why) {
+  auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bad byte size '", original, "': ", why, " (examples: 1073741824, 512M, 1G, 64MiB)"));
   };
