@@ -1,0 +1,93 @@
+// Device helpers shared by the GEMV kernels: streaming loads, the BF16 tensor-core mma, the
+// byte-permute and three-input logic instructions the 12-bit decoder is built from.
+#pragma once
+
+#include "gemv_params.cuh"
+
+namespace gemvz_dev {
+
+// 16 bytes through the non-coherent path without allocating in L1: weights are read once.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// d += A (16x16 BF16, row) * B (16x8 BF16, col), FP32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint4 a, unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+  unsigned r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// a | (b & c) in one instruction: the truth table of f(0xF0, 0xCC, 0xAA) is 0xF8.
+__device__ __forceinline__ unsigned or_and(unsigned a, unsigned b, unsigned c) {
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xF8;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
+// S0/S1: low bytes of values 0-3 / 4-7 of one A fragment; Q: their 3-bit codes (bits 4i..4i+2)
+// and signs (bits 7,15,23,31 for values 0-3; 3,11,19,27 for 4-7). Returns the four fragment
+// registers, each two BF16 values (lower index in the low half).
+__device__ __forceinline__ uint4 decz(unsigned s0, unsigned s1, unsigned q, unsigned tl,
+                                      unsigned th) {
+  const unsigned h0 = or_and(prmt(tl, th, q & 0x7777u), q, 0x80808080u);          // values 0-3
+  const unsigned h1 = or_and(prmt(tl, th, (q >> 16) & 0x7777u), q << 4, 0x80808080u);  // 4-7
+  uint4 a;
+  a.x = prmt(s0, h0, 0x5140u);  // [low0, high0, low1, high1]
+  a.y = prmt(s0, h0, 0x7362u);
+  a.z = prmt(s1, h1, 0x5140u);
+  a.w = prmt(s1, h1, 0x7362u);
+  return a;
+}
+
+__device__ __forceinline__ float bf16_to_float(unsigned short h) {
+  return __uint_as_float(static_cast<unsigned>(h) << 16);
+}
+
+__device__ __forceinline__ unsigned short float_to_bf16(float v) {
+  unsigned short r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+  return r;
+}
+
+__device__ __forceinline__ void add4(float4& r, const float4 v) {
+  r.x += v.x;
+  r.y += v.y;
+  r.z += v.z;
+  r.w += v.w;
+}
+
+// Split-K across CTAs: each CTA parks its partial sums, the last to arrive adds all S of them in
+// slice order (deterministic) and resets the counter for the next call. Returns false in the CTAs
+// that are not last; they must exit without storing.
+__device__ __forceinline__ bool splitk_combine(float4& r, bool active, float4* ws, int* sem,
+                                               int rb, int sidx, int S, int width, int* s_last) {
+  const int tid = threadIdx.x;
+  if (active) ws[(static_cast<size_t>(rb) * S + sidx) * width + tid] = r;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) *s_last = (atomicAdd(&sem[rb], 1) == S - 1);
+  __syncthreads();
+  if (!*s_last) return false;
+  __threadfence();
+  if (active) {
+    r = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < S; s++) add4(r, __ldcg(ws + (static_cast<size_t>(rb) * S + s) * width + tid));
+  }
+  if (tid == 0) sem[rb] = 0;
+  return true;
+}
+
+}  // namespace gemvz_dev

@@ -1,0 +1,36 @@
+// Kernel arguments, shared by the device code (through NVRTC) and the host launch path (through
+// g++): plain C++ with fixed-width builtin types only, so both sides agree on the layout.
+#pragma once
+
+// out[M, N] = x[M, K] * W^T for a 12-bit packed W (format.h describes every array).
+struct Z12Params {
+  const unsigned short* x;                  // [M][ldx] BF16
+  const void* w;                            // [N/16][K/64][1536 bytes]
+  const unsigned int* row_offsets;          // [N + 1] into entries
+  const void* entries;                      // {int col, fp32 bits} pairs, per row sorted by col
+  const unsigned int* dense_block_offsets;  // [N/16 + 1] into dense_rows
+  const unsigned char* dense_rows;          // row within the block
+  const unsigned short* dense_values;       // [dense rows][K] original BF16
+  unsigned short* out;                      // [M][ldo] BF16
+  void* ws;                                 // split-K partials: [N/16][S][NB*32] float4
+  int* sem;                                 // [N/16] arrival counters, zero between calls
+  long long ldx;
+  long long ldo;
+  int M, N, K, S;
+  unsigned int tl, th;  // window lookup words
+  int flags;            // bit 0: skip the corrections (to measure their cost; wrong results)
+};
+
+// The same for a plain row-major BF16 W, padded to [N rounded up to 16][ldw >= K64].
+struct Bf16Params {
+  const unsigned short* x;  // [M][ldx] BF16, ldx >= K rounded up to 64, zero-padded
+  const unsigned short* w;  // [N16][ldw] BF16, zero-padded
+  unsigned short* out;      // [M][ldo] BF16
+  void* ws;
+  int* sem;
+  long long ldx;
+  long long ldo;
+  long long ldw;
+  int M, N, K, S;  // N: real rows (stores are guarded); K: padded to a multiple of 64
+  int flags;
+};

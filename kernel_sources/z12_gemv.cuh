@@ -1,0 +1,224 @@
+// The compressed GEMV (seed chapter 8): one CTA = one 16-row block x one K slice (blockIdx.y of
+// S). NW streaming warps decode 12-bit weights in registers and feed mma.sync m16n8k16; warp NW
+// applies the exact corrections (sparse entries, and dense rows through the tensor cores) at the
+// same time. PIPE: 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2).
+#pragma once
+
+#include "common.cuh"
+
+template <int NW, int UG, int NB, int PIPE>
+__global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 : 0))
+    gemvz_z12_kernel(const Z12Params p) {
+  using namespace gemvz_dev;
+  static_assert(NW >= NB, "the first NB warps do the final reduction");
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int rb = blockIdx.x, sidx = blockIdx.y;
+  const int KG = p.K / 64, KGS = KG / p.S, KGW = KGS / NW;
+  const int M = p.M;
+  __shared__ float4 red[NW][NB * 32];
+  __shared__ float ecorr[16][NB * 8 + 1];  // +1: 16 lanes writing 16 rows hit 16 banks
+  __shared__ unsigned s_dense;             // bit r: row r is dense (ignore its decoded sum)
+  __shared__ int s_last;
+
+  if (warp == NW) {
+    // ---- Exception warp: lane -> (row r, tokens p, p+2, ...); fixed order, so deterministic.
+    const int r = lane & 15, par = lane >> 4;
+    const int klo = sidx * KGS * 64, khi = klo + KGS * 64;
+    const bool corrections = !(p.flags & 1);
+    float ea[NB * 4];
+#pragma unroll
+    for (int q = 0; q < NB * 4; q++) ea[q] = 0.f;
+    if (corrections) {
+      const int row = rb * 16 + r;
+      const int2* ep = static_cast<const int2*>(p.entries);
+      const unsigned e1 = __ldg(p.row_offsets + row + 1);
+#pragma unroll 2
+      for (unsigned e = __ldg(p.row_offsets + row); e < e1; e++) {
+        const int2 en = __ldg(ep + e);
+        if (en.x >= klo && en.x < khi) {  // each correction belongs to exactly one K slice
+          const float d = __int_as_float(en.y);
+#pragma unroll
+          for (int q = 0; q < NB * 4; q++) {
+            const int tok = par + 2 * q;
+            if (tok < M) ea[q] += d * bf16_to_float(p.x[static_cast<size_t>(tok) * p.ldx + en.x]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < NB * 4; q++) ecorr[r][par + 2 * q] = ea[q];
+    unsigned dense_mask = 0;
+    if (corrections) {
+      // Dense rows (most weights outside the window): the row's exact dot product from its
+      // original BF16 values, on the tensor cores with the row in A's row 0 (lanes g == 0), using
+      // the same K relabelling as the streaming warps so x comes in 16-byte loads.
+      const unsigned d0 = __ldg(p.dense_block_offsets + rb), d1 = __ldg(p.dense_block_offsets + rb + 1);
+      for (unsigned d = d0; d < d1; d++) {
+        const int dr = __ldg(p.dense_rows + d);
+        dense_mask |= 1u << dr;
+        const unsigned short* vals = p.dense_values + static_cast<size_t>(d) * p.K;
+        float c[NB][4];
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++) c[nb][0] = c[nb][1] = c[nb][2] = c[nb][3] = 0.f;
+#pragma unroll 2
+        for (int k0 = klo; k0 < khi; k0 += 64) {
+          uint4 wa = make_uint4(0, 0, 0, 0), wb = make_uint4(0, 0, 0, 0);
+          if (g == 0) {
+            wa = __ldg(reinterpret_cast<const uint4*>(vals + k0 + t * 8));
+            wb = __ldg(reinterpret_cast<const uint4*>(vals + k0 + 32 + t * 8));
+          }
+#pragma unroll
+          for (int nb = 0; nb < NB; nb++) {
+            const int tok = min(nb * 8 + g, M - 1);
+            const unsigned short* xr = p.x + static_cast<size_t>(tok) * p.ldx + k0 + t * 8;
+            const uint4 xa = __ldg(reinterpret_cast<const uint4*>(xr));
+            const uint4 xb = __ldg(reinterpret_cast<const uint4*>(xr + 32));
+            mma_bf16(c[nb], make_uint4(wa.x, 0u, wa.y, 0u), xa.x, xa.y);
+            mma_bf16(c[nb], make_uint4(wa.z, 0u, wa.w, 0u), xa.z, xa.w);
+            mma_bf16(c[nb], make_uint4(wb.x, 0u, wb.y, 0u), xb.x, xb.y);
+            mma_bf16(c[nb], make_uint4(wb.z, 0u, wb.w, 0u), xb.z, xb.w);
+          }
+        }
+        __syncwarp();
+        if (g == 0) {  // lanes 0-3 hold row 0: tokens nb*8 + 2t and + 1
+#pragma unroll
+          for (int nb = 0; nb < NB; nb++) {
+            ecorr[dr][nb * 8 + 2 * t] = c[nb][0];
+            ecorr[dr][nb * 8 + 2 * t + 1] = c[nb][1];
+          }
+        }
+      }
+    }
+    if (lane == 0) s_dense = dense_mask;
+  } else {
+    // ---- Streaming warps.
+    const int g0 = sidx * KGS + warp * KGW;  // this warp's first group
+    // One (row block, group) is 96 16-byte units: sections 0, 1, 2 of 32 lanes each.
+    const uint4* wp = static_cast<const uint4*>(p.w) + (static_cast<size_t>(rb) * KG + g0) * 96 + lane;
+    const unsigned short* xr[NB];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) {
+      const int tok = min(nb * 8 + g, M - 1);  // rows past M compute garbage that is never stored
+      xr[nb] = p.x + static_cast<size_t>(tok) * p.ldx + g0 * 64 + t * 8;
+    }
+    float acc[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+    const unsigned TL = p.tl, TH = p.th;
+
+    if constexpr (PIPE == 0 || PIPE == 3) {
+      for (int i = 0; i < KGW; i += UG) {
+        uint4 A0[UG], A1[UG], B[UG];
+#pragma unroll
+        for (int u = 0; u < UG; u++) {  // all loads first: 3 x 16 bytes per group per lane
+          const uint4* q = wp + static_cast<size_t>(i + u) * 96;
+          A0[u] = ld_stream(q);
+          A1[u] = ld_stream(q + 32);
+          B[u] = ld_stream(q + 64);
+        }
+#pragma unroll
+        for (int u = 0; u < UG; u++) {
+          uint4 xa[NB], xb[NB];  // k 8t..8t+7 of the group's first / second 32
+#pragma unroll
+          for (int nb = 0; nb < NB; nb++) {
+            xa[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64));
+            xb[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64 + 32));
+          }
+          const uint4 f0 = decz(A0[u].x, A0[u].y, B[u].x, TL, TH);
+          const uint4 f1 = decz(A0[u].z, A0[u].w, B[u].y, TL, TH);
+          const uint4 f2 = decz(A1[u].x, A1[u].y, B[u].z, TL, TH);
+          const uint4 f3 = decz(A1[u].z, A1[u].w, B[u].w, TL, TH);
+#pragma unroll
+          for (int nb = 0; nb < NB; nb++) {
+            mma_bf16(acc[nb], f0, xa[nb].x, xa[nb].y);
+            mma_bf16(acc[nb], f1, xa[nb].z, xa[nb].w);
+            mma_bf16(acc[nb], f2, xb[nb].x, xb[nb].y);
+            mma_bf16(acc[nb], f3, xb[nb].z, xb[nb].w);
+          }
+        }
+      }
+    } else {
+      uint4 A0[UG], A1[UG], B[UG];
+#pragma unroll
+      for (int u = 0; u < UG; u++) {  // prologue: the first UG groups
+        const uint4* q = wp + static_cast<size_t>(u) * 96;
+        A0[u] = ld_stream(q);
+        A1[u] = ld_stream(q + 32);
+        B[u] = ld_stream(q + 64);
+      }
+      for (int i = 0; i < KGW; i += UG) {
+        uint4 xa[UG][NB], xb[UG][NB];
+#pragma unroll
+        for (int u = 0; u < UG; u++)
+#pragma unroll
+          for (int nb = 0; nb < NB; nb++) {
+            xa[u][nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64));
+            xb[u][nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64 + 32));
+          }
+        uint4 nA0[UG], nA1[UG], nB[UG];
+        if (i + UG < KGW) {  // next groups' weights in flight while these decode
+#pragma unroll
+          for (int u = 0; u < UG; u++) {
+            const uint4* q = wp + static_cast<size_t>(i + UG + u) * 96;
+            nA0[u] = ld_stream(q);
+            nA1[u] = ld_stream(q + 32);
+            nB[u] = ld_stream(q + 64);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < UG; u++) {
+          const uint4 f0 = decz(A0[u].x, A0[u].y, B[u].x, TL, TH);
+          const uint4 f1 = decz(A0[u].z, A0[u].w, B[u].y, TL, TH);
+          const uint4 f2 = decz(A1[u].x, A1[u].y, B[u].z, TL, TH);
+          const uint4 f3 = decz(A1[u].z, A1[u].w, B[u].w, TL, TH);
+#pragma unroll
+          for (int nb = 0; nb < NB; nb++) {
+            mma_bf16(acc[nb], f0, xa[u][nb].x, xa[u][nb].y);
+            mma_bf16(acc[nb], f1, xa[u][nb].z, xa[u][nb].w);
+            mma_bf16(acc[nb], f2, xb[u][nb].x, xb[u][nb].y);
+            mma_bf16(acc[nb], f3, xb[u][nb].z, xb[u][nb].w);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < UG; u++) {
+          A0[u] = nA0[u];
+          A1[u] = nA1[u];
+          B[u] = nB[u];
+        }
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+      red[warp][nb * 32 + lane] = make_float4(acc[nb][0], acc[nb][1], acc[nb][2], acc[nb][3]);
+  }
+  __syncthreads();  // red, ecorr and s_dense complete
+
+  // ---- Combine: thread tid < NB*32 owns C-fragment (rows g, g+8; tokens nbo*8 + 2t, +1).
+  float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+  const bool active = tid < NB * 32;
+  const int nbo = tid >> 5;
+  if (active) {
+#pragma unroll
+    for (int wi = 0; wi < NW; wi++) add4(r, red[wi][tid]);
+    const unsigned dm = s_dense;
+    if (dm & (1u << g)) r.x = r.y = 0.f;  // dense row: its decoded weights do not count
+    if (dm & (1u << (g + 8))) r.z = r.w = 0.f;
+    r.x += ecorr[g][nbo * 8 + 2 * t];
+    r.y += ecorr[g][nbo * 8 + 2 * t + 1];
+    r.z += ecorr[g + 8][nbo * 8 + 2 * t];
+    r.w += ecorr[g + 8][nbo * 8 + 2 * t + 1];
+  }
+  if (p.S > 1 && !splitk_combine(r, active, static_cast<float4*>(p.ws), p.sem, rb, sidx, p.S,
+                                 NB * 32, &s_last)) {
+    return;
+  }
+  if (active) {
+    const float rr[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const int tok = nbo * 8 + 2 * t + (q & 1);
+      const int row = rb * 16 + g + ((q >> 1) << 3);
+      if (tok < M) p.out[static_cast<size_t>(tok) * p.ldo + row] = float_to_bf16(rr[q]);
+    }
+  }
+}

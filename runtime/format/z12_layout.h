@@ -1,0 +1,37 @@
+// Where each weight of a 16 x 64 group lives in the 12-bit layout (seed chapter 7.2-7.3), and the
+// bit-exact host emulation of the device decoder (prmt.b32, lop3.b32, decz).
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace gemvz::internal {
+
+// Position of one weight inside a group: fragment f (0..3), lane (0..31), value i (0..7).
+// Fragment f covers k block kb = f / 2 (32 wide) and mma step j = f % 2; lane = 4 * g + t;
+// value i = 4 * X + 2 * h + e is W[h*8 + g][kb*32 + t*8 + j*4 + X*2 + e] (the mma A fragment with
+// the K relabelling that lets x be loaded as 16-byte vectors).
+struct GroupSlot {
+  uint8_t row;  // 0..15 within the row block
+  uint8_t col;  // 0..63 within the group
+};
+// kSlots[f][lane][i]
+using GroupSlotTable = std::array<std::array<std::array<GroupSlot, 8>, 32>, 4>;
+const GroupSlotTable& GroupSlots();
+
+// Byte offset within a group of the low byte of value i of (fragment f, lane).
+inline int LowByteOffset(int f, int lane, int i) { return (f / 2) * 512 + lane * 16 + (f % 2) * 8 + i; }
+// Byte offset within a group of the code/sign word of (fragment f, lane).
+inline int CodeWordOffset(int f, int lane) { return 2 * 512 + lane * 16 + f * 4; }
+// Bit that holds the sign of value i inside a code word (the code sits at bits 4i..4i+2).
+inline constexpr int kSignBit[8] = {7, 15, 23, 31, 3, 11, 19, 27};
+
+// prmt.b32 d, a, b, sel (default mode), from the PTX ISA definition.
+uint32_t EmulatePrmt(uint32_t a, uint32_t b, uint32_t sel);
+// lop3.b32 d, a, b, c, lut, from the PTX ISA definition.
+uint32_t EmulateLop3(uint32_t a, uint32_t b, uint32_t c, uint8_t lut);
+// decz: S0/S1 low bytes of values 0-3 / 4-7, Q the code/sign word -> the four A-fragment registers
+// (each two BF16 values, the lower-indexed in the low half).
+std::array<uint32_t, 4> EmulateDecz(uint32_t s0, uint32_t s1, uint32_t q, uint32_t tl, uint32_t th);
+
+}  // namespace gemvz::internal

@@ -1,0 +1,298 @@
+// The 12-bit format on the host: bit-exact round trips, the emulated device decoder, the exact
+// corrections (residual case included), compact exception storage and every refusal.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "gemvz/format.h"
+#include "gtest/gtest.h"
+#include "runtime/format/z12_layout.h"
+#include "tests/support/random_weights.h"
+
+namespace gemvz {
+namespace {
+
+using testing::Distribution;
+using testing::FreshSeed;
+using testing::RandomMatrix;
+
+float AsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void ExpectRoundTrip(const std::vector<uint16_t>& w, int64_t rows, int64_t cols) {
+  auto p = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto back = Unpack(*p);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    ASSERT_EQ((*back)[i], w[i]) << "weight " << i << " (row " << i / cols << ", col " << i % cols
+                                << ") not restored";
+  }
+}
+
+class RoundTrip : public ::testing::TestWithParam<Distribution> {};
+
+TEST_P(RoundTrip, BitExact) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{16, 64}, {64, 256}, {256, 1024}}) {
+    ExpectRoundTrip(RandomMatrix(rows, cols, GetParam(), seed), rows, cols);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Distributions, RoundTrip,
+                         ::testing::Values(Distribution::kNormal, Distribution::kStudentT3,
+                                           Distribution::kFullRange, Distribution::kSparseZeros,
+                                           Distribution::kTiny));
+
+TEST(Format, LargeMatrixRoundTrip) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  ExpectRoundTrip(RandomMatrix(4096, 14336, Distribution::kNormal, seed), 4096, 14336);
+}
+
+TEST(Format, ZerosSignedZerosSubnormalsAndZeroRowsAndColumns) {
+  const int64_t rows = 64, cols = 128;
+  auto w = RandomMatrix(rows, cols, Distribution::kNormal, FreshSeed());
+  for (int64_t c = 0; c < cols; ++c) w[5 * cols + c] = 0x0000;           // all-zero row
+  for (int64_t c = 0; c < cols; ++c) w[6 * cols + c] = 0x8000;           // all -0.0 row
+  for (int64_t r = 0; r < rows; ++r) w[r * cols + 17] = 0x0000;          // all-zero column
+  w[9 * cols + 3] = 0x0001;                                              // smallest subnormal
+  w[9 * cols + 4] = 0x807F;                                              // largest -subnormal
+  w[9 * cols + 5] = 0x7F7F;                                              // largest finite
+  w[9 * cols + 6] = 0xFF7F;                                              // most negative
+  w[9 * cols + 7] = 0x0080;                                              // smallest normal
+  ExpectRoundTrip(w, rows, cols);
+  auto p = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->stats.dense_rows, 2) << "the two zero rows are stored dense";
+}
+
+TEST(Format, WindowMaximisesCoverage) {
+  // 70 % of weights in e7 60..67, the rest at e7 40: the window must start at 60.
+  const int64_t rows = 16, cols = 640;
+  std::vector<uint16_t> w(rows * cols);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const int e7 = (i % 10 < 7) ? 60 + static_cast<int>(i % 8) : 40;
+    w[i] = static_cast<uint16_t>((e7 << 8) | (i & 0xFF));
+  }
+  auto p = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->base, 60);
+  EXPECT_EQ(p->tl, 0x3F3E3D3Cu);
+  EXPECT_EQ(p->th, 0x43424140u);
+  EXPECT_NEAR(p->stats.window_coverage, 0.7, 0.01);
+}
+
+// A weight far below the window: its difference to the decoded value needs more than FP32's 24
+// bits, so a second (residual) entry must carry the rest.
+TEST(Format, ResidualEntry) {
+  const int64_t rows = 16, cols = 64;
+  std::vector<uint16_t> w(rows * cols, 0x3C00);  // 2^-7 everywhere: window starts at e7 = 60-7
+  // e7 = 40 -> ~2^-46, with low bits set: decoded e7 is 53; the difference spans ~34 bits.
+  w[3 * cols + 10] = static_cast<uint16_t>((40 << 8) | 0xA5);
+  auto p = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->stats.outside_window, 1);
+  EXPECT_EQ(p->stats.residual_entries, 1);
+  ASSERT_EQ(p->entries.size(), 2u);
+  EXPECT_EQ(p->entries[0].col, 10);
+  EXPECT_EQ(p->entries[1].col, 10);
+  // decoded + c1 + c2 == original, in exact (double) arithmetic
+  const uint16_t orig = w[3 * cols + 10];
+  const uint16_t dec = static_cast<uint16_t>((p->base << 8) | 0xA5);
+  const double sum = static_cast<double>(Bf16ToFloat(dec)) +
+                     (static_cast<double>(AsFloat(p->entries[0].value_bits)) +
+                      static_cast<double>(AsFloat(p->entries[1].value_bits)));
+  EXPECT_EQ(sum, static_cast<double>(Bf16ToFloat(orig)));
+  EXPECT_NE(static_cast<double>(AsFloat(p->entries[0].value_bits)) +
+                static_cast<double>(Bf16ToFloat(dec)),
+            static_cast<double>(Bf16ToFloat(orig)))
+      << "one entry alone would not restore it";
+  ExpectRoundTrip(w, rows, cols);
+  // And a subnormal far below: the difference is wider than a double; still exact.
+  w[4 * cols + 11] = 0x0003;
+  w[5 * cols + 12] = 0x8001;
+  ExpectRoundTrip(w, rows, cols);
+}
+
+// Every fragment decoded by the emulated prmt/lop3 decz equals the decoded weights that Unpack
+// starts from (Unpack before corrections == what the kernel's streaming warps see).
+TEST(Format, EmulatedDecoderMatchesLayout) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t rows = 64, cols = 512;
+  auto w = RandomMatrix(rows, cols, Distribution::kStudentT3, seed);
+  auto p = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(p.ok());
+  const auto& slots = internal::GroupSlots();
+  const int64_t ngroups = cols / 64;
+  int64_t checked = 0;
+  for (int64_t rb = 0; rb < rows / 16; ++rb) {
+    for (int64_t g = 0; g < ngroups; ++g) {
+      const uint8_t* grp = p->weights.data() + (rb * ngroups + g) * kGroupBytes;
+      for (int lane = 0; lane < 32; ++lane) {
+        uint32_t a0[4], a1[4], b[4];
+        std::memcpy(a0, grp + lane * 16, 16);
+        std::memcpy(a1, grp + 512 + lane * 16, 16);
+        std::memcpy(b, grp + 1024 + lane * 16, 16);
+        const std::array<uint32_t, 4> frag[4] = {
+            internal::EmulateDecz(a0[0], a0[1], b[0], p->tl, p->th),
+            internal::EmulateDecz(a0[2], a0[3], b[1], p->tl, p->th),
+            internal::EmulateDecz(a1[0], a1[1], b[2], p->tl, p->th),
+            internal::EmulateDecz(a1[2], a1[3], b[3], p->tl, p->th)};
+        for (int f = 0; f < 4; ++f) {
+          for (int i = 0; i < 8; ++i) {
+            const uint16_t got = static_cast<uint16_t>(frag[f][i / 2] >> (16 * (i % 2)));
+            const auto s = slots[f][lane][i];
+            const uint16_t orig = w[(rb * 16 + s.row) * cols + g * 64 + s.col];
+            const int e7 = (orig >> 8) & 0x7F;
+            const int code = std::clamp(e7 - p->base, 0, 7);
+            const uint16_t want =
+                static_cast<uint16_t>((orig & 0x80FF) | ((p->base + code) << 8));
+            ASSERT_EQ(got, want) << "rb " << rb << " group " << g << " f " << f << " lane "
+                                 << lane << " i " << i;
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, rows * cols);
+}
+
+TEST(Format, PrmtAndLop3FollowPtx) {
+  // prmt: {b, a} bytes 7..0 = 77 66 55 44 33 22 11 00 with a = 0x33221100, b = 0x77665544
+  EXPECT_EQ(internal::EmulatePrmt(0x33221100u, 0x77665544u, 0x3210u), 0x33221100u);
+  EXPECT_EQ(internal::EmulatePrmt(0x33221100u, 0x77665544u, 0x7654u), 0x77665544u);
+  EXPECT_EQ(internal::EmulatePrmt(0x33221100u, 0x77665544u, 0x5140u), 0x55114400u);
+  EXPECT_EQ(internal::EmulatePrmt(0x800000FFu, 0, 0x0008u), 0x000000FFu);  // sign replicate of 0xFF
+  EXPECT_EQ(internal::EmulatePrmt(0x0000007Fu, 0, 0x8888u), 0x00000000u);
+  // lop3 with 0xF8 is a | (b & c)
+  EXPECT_EQ(internal::EmulateLop3(0x00F0F0F0u, 0xFF00FF00u, 0x0F0F0F0Fu, 0xF8), 0x0FF0FFF0u);
+  EXPECT_EQ(internal::EmulateLop3(0xF0u, 0xCCu, 0xAAu, 0x96), 0xF0u ^ 0xCCu ^ 0xAAu);
+}
+
+// decoded weights times x plus corrections (in double) equals the double GEMV on the originals.
+TEST(Format, ReferenceGemvOnPackedForm) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t rows = 64, cols = 1024, m = 3;
+  auto w = RandomMatrix(rows, cols, Distribution::kTiny, seed);
+  for (int64_t c = 0; c < cols; ++c) w[7 * cols + c] = 0;  // a dense (all-zero) row too
+  auto x = testing::RandomActivations(m, cols, seed + 1);
+  auto p = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(p.ok());
+  ASSERT_GT(p->stats.sparse_entries, 0);
+  // decoded matrix via the emulated decoder's bit layout (Unpack minus corrections)
+  std::vector<uint16_t> dec(rows * cols);
+  for (size_t i = 0; i < dec.size(); ++i) {
+    const int e7 = (w[i] >> 8) & 0x7F;
+    dec[i] = static_cast<uint16_t>((w[i] & 0x80FF) | ((p->base + std::clamp(e7 - p->base, 0, 7)) << 8));
+  }
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double want = 0, got = 0, mag = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double xv = Bf16ToFloat(x[t * cols + c]);
+        want += static_cast<double>(Bf16ToFloat(w[r * cols + c])) * xv;
+        mag += std::abs(static_cast<double>(Bf16ToFloat(w[r * cols + c])) * xv);
+      }
+      bool dense = false;
+      for (uint32_t d = p->dense_block_offsets[r / 16]; d < p->dense_block_offsets[r / 16 + 1]; ++d) {
+        if (p->dense_rows[d] == r % 16) {
+          dense = true;
+          for (int64_t c = 0; c < cols; ++c) {
+            got += static_cast<double>(Bf16ToFloat(p->dense_values[d * cols + c])) *
+                   Bf16ToFloat(x[t * cols + c]);
+          }
+        }
+      }
+      if (!dense) {
+        for (int64_t c = 0; c < cols; ++c) {
+          got += static_cast<double>(Bf16ToFloat(dec[r * cols + c])) * Bf16ToFloat(x[t * cols + c]);
+        }
+        for (uint32_t e = p->row_offsets[r]; e < p->row_offsets[r + 1]; ++e) {
+          got += static_cast<double>(AsFloat(p->entries[e].value_bits)) *
+                 Bf16ToFloat(x[t * cols + p->entries[e].col]);
+        }
+      }
+      ASSERT_LE(std::abs(got - want), 1e-12 * std::max(mag, 1e-300)) << "row " << r << " token " << t;
+    }
+  }
+}
+
+TEST(Format, CompactExceptionsWithAZeroRow) {
+  const int64_t rows = 4096, cols = 8192;
+  auto w = RandomMatrix(rows, cols, Distribution::kNormal, FreshSeed());
+  auto base = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(base.ok());
+  for (int64_t c = 0; c < cols; ++c) w[1234 * cols + c] = 0;
+  auto p = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->stats.dense_rows, 1);
+  // The zero row costs its own K BF16 values, nothing for the other rows.
+  const int64_t side = p->stats.total_bytes - static_cast<int64_t>(p->weights.size());
+  const int64_t side0 = base->stats.total_bytes - static_cast<int64_t>(base->weights.size());
+  EXPECT_LE(side - side0, 2 * cols + 64);
+  // The seed's padded [N, capr] layout would need N * K * 8 bytes here.
+  EXPECT_GE(p->stats.padded_table_bytes, rows * cols * 8);
+  std::printf("[ info ] 4096x8192 N(0,1/K): side tables %lld B, with a zero row %lld B; "
+              "seed's padded table would be %lld B\n",
+              static_cast<long long>(side0), static_cast<long long>(side),
+              static_cast<long long>(p->stats.padded_table_bytes));
+}
+
+TEST(Format, StatisticsForTheDesignDistributions) {
+  const int64_t rows = 1024, cols = 8192;
+  for (auto [dist, name] : {std::pair{Distribution::kNormal, "N(0,1/K)"},
+                            std::pair{Distribution::kStudentT3, "Student-t(3)/sqrt(K)"}}) {
+    auto w = RandomMatrix(rows, cols, dist, FreshSeed());
+    auto p = Pack(w.data(), rows, cols);
+    ASSERT_TRUE(p.ok());
+    EXPECT_GT(p->stats.window_coverage, 0.99);
+    EXPECT_LT(p->stats.bits_per_weight, 12.1);
+    EXPECT_GE(p->stats.bits_per_weight, 12.0);
+    std::printf("[ info ] %s: %.4f bits/weight, exception rate %.4f%%, base %d\n", name,
+                p->stats.bits_per_weight, 100 * p->stats.exception_rate, p->base);
+  }
+}
+
+TEST(Format, PackThroughputLargestSuiteShape) {
+  const int64_t rows = 8192, cols = 28672;
+  auto w = RandomMatrix(rows, cols, Distribution::kNormal, FreshSeed());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto p = Pack(w.data(), rows, cols);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(p.ok());
+  std::printf("[ info ] pack 8192x28672: %.2f s, %.2f GB/s of BF16 input, %d threads\n", s,
+              2.0 * rows * cols / s / 1e9, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+TEST(Format, RefusesBadInput) {
+  std::vector<uint16_t> w(16 * 64, 0x3C00);
+  EXPECT_EQ(Pack(nullptr, 16, 64).status().code(), absl::StatusCode::kInvalidArgument);
+  auto s = Pack(w.data(), 0, 64).status();
+  EXPECT_NE(s.message().find("empty"), std::string::npos) << s;
+  s = Pack(w.data(), 8, 128).status();
+  EXPECT_NE(s.message().find("N % 16 != 0"), std::string::npos) << s;
+  s = Pack(w.data(), 16, 32).status();
+  EXPECT_NE(s.message().find("K % 64 != 0"), std::string::npos) << s;
+  w[3 * 64 + 9] = 0x7F80;   // +Inf at (3, 9)
+  w[5 * 64 + 1] = 0x7FC0;   // NaN later
+  s = Pack(w.data(), 16, 64).status();
+  EXPECT_NE(s.message().find("row 3, col 9"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("+Inf"), std::string::npos) << s;
+  w[3 * 64 + 9] = 0x3C00;
+  s = Pack(w.data(), 16, 64).status();
+  EXPECT_NE(s.message().find("row 5, col 1"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("NaN"), std::string::npos) << s;
+  EXPECT_FALSE(Unpack(PackedMatrix{}).ok());
+}
+
+}  // namespace
+}  // namespace gemvz
