@@ -1,0 +1,27 @@
+// Autotuning on first use (GEMVZ_AUTOTUNE=1): for a shape the tuned tables do not know, time the
+// candidates of the sweep space on the real matrix, keep the fastest for this process and persist
+// it in the tuning file so later processes start with it.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "gemvz/config.h"
+#include "gemvz/gemv.h"
+#include "runtime/gemv/device_state.h"
+
+namespace gemvz::internal {
+
+bool AutotuneEnabled();
+
+// Times up to GEMVZ_AUTOTUNE_MAX (default 24) candidates for `shape` (m per launch) on `w`.
+absl::StatusOr<GemvPlan> Autotune(const DeviceMatrix& w, const GemvShape& shape,
+                                  const DeviceInfo& info);
+
+// Launches `config` over all of m in chunks of chunk_m (the part of Gemv after planning).
+absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, int64_t chunk_m,
+                           const uint16_t* x, int64_t m, uint16_t* out, CUstream stream);
+
+// Gemv's planning with the choice of whether autotuning may run (never during graph capture).
+absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
+                                          const GemvOptions& options, bool allow_autotune);
+
+}  // namespace gemvz::internal

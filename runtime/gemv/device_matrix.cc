@@ -1,0 +1,172 @@
+// Uploading weights: a packed matrix's arrays, or plain BF16 padded to the kernel's tiles.
+#include <cstring>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/cuda/driver.h"
+#include "runtime/gemv/device_state.h"
+#include "runtime/jit/kernel_cache.h"
+
+namespace gemvz {
+namespace internal {
+
+DeviceMatrixState::~DeviceMatrixState() {
+  auto d = Driver();
+  if (!d.ok() || allocations.empty()) return;
+  auto ctx = ScopedDeviceContext::Enter(device);
+  if (!ctx.ok()) return;
+  for (CUdeviceptr p : allocations) (*d)->cuMemFree(p);
+}
+
+absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* cache = new std::vector<std::optional<DeviceInfo>>();
+  ASSIGN_OR_RETURN(auto ctx, ScopedDeviceContext::Enter(device));
+  absl::MutexLock lock(&mu);
+  if (cache->size() <= static_cast<size_t>(device)) cache->resize(device + 1);
+  if ((*cache)[device]) return *(*cache)[device];
+  CUdevice dev;
+  CU_RETURN_IF_ERROR(cuDeviceGet(&dev, device));
+  auto attr = [&](CUdevice_attribute a) -> absl::StatusOr<int> {
+    int v = 0;
+    CU_RETURN_IF_ERROR(cuDeviceGetAttribute(&v, a, dev));
+    return v;
+  };
+  DeviceInfo info;
+  ASSIGN_OR_RETURN(info.limits.max_threads_per_block,
+                   attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK));
+  ASSIGN_OR_RETURN(int smem, attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK));
+  info.limits.max_shared_per_block = smem;
+  ASSIGN_OR_RETURN(int gx, attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X));
+  ASSIGN_OR_RETURN(int gy, attr(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y));
+  info.limits.max_grid_x = gx;
+  info.limits.max_grid_y = gy;
+  ASSIGN_OR_RETURN(info.limits.sm_count, attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
+  ASSIGN_OR_RETURN(info.limits.cc_major, attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR));
+  ASSIGN_OR_RETURN(info.limits.cc_minor, attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR));
+  if (info.limits.cc_major < 8) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", device, " has compute capability ", info.limits.cc_major, ".",
+        info.limits.cc_minor, "; the kernels need BF16 tensor cores (8.0 or newer)"));
+  }
+  ASSIGN_OR_RETURN(info.arch, DeviceArch(device));
+  char name[256] = {0};
+  CU_RETURN_IF_ERROR(cuDeviceGetName(name, sizeof(name), dev));
+  info.name = name;
+  (*cache)[device] = info;
+  return info;
+}
+
+namespace {
+
+// Allocates and fills one device array; an empty array still gets a small allocation so every
+// pointer the kernel sees is valid.
+absl::StatusOr<CUdeviceptr> UploadArray(DeviceMatrixState& s, const void* data, size_t bytes) {
+  CUdeviceptr p = 0;
+  CU_RETURN_IF_ERROR(cuMemAlloc(&p, std::max<size_t>(bytes, 256)));
+  s.allocations.push_back(p);
+  if (bytes > 0) CU_RETURN_IF_ERROR(cuMemcpyHtoD(p, data, bytes));
+  return p;
+}
+
+template <typename T>
+absl::StatusOr<CUdeviceptr> UploadVector(DeviceMatrixState& s, const std::vector<T>& v) {
+  return UploadArray(s, v.data(), v.size() * sizeof(T));
+}
+
+}  // namespace
+}  // namespace internal
+
+absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, int device) {
+  RETURN_IF_ERROR(ValidatePacked(packed));
+  ASSIGN_OR_RETURN(auto info, internal::GetDeviceInfo(device));
+  (void)info;
+  ASSIGN_OR_RETURN(auto ctx, internal::ScopedDeviceContext::Enter(device));
+  auto s = std::make_shared<internal::DeviceMatrixState>();
+  s->device = device;
+  s->format = WeightFormat::kZ12;
+  s->rows = packed.rows;
+  s->cols = packed.cols;
+  s->tl = packed.tl;
+  s->th = packed.th;
+  ASSIGN_OR_RETURN(s->weights, internal::UploadVector(*s, packed.weights));
+  ASSIGN_OR_RETURN(s->row_offsets, internal::UploadVector(*s, packed.row_offsets));
+  ASSIGN_OR_RETURN(s->entries, internal::UploadVector(*s, packed.entries));
+  ASSIGN_OR_RETURN(s->dense_block_offsets, internal::UploadVector(*s, packed.dense_block_offsets));
+  ASSIGN_OR_RETURN(s->dense_rows, internal::UploadVector(*s, packed.dense_rows));
+  ASSIGN_OR_RETURN(s->dense_values, internal::UploadVector(*s, packed.dense_values));
+  s->weight_bytes = packed.stats.total_bytes;
+  return internal::DeviceMatrixState::Wrap(std::move(s));
+}
+
+absl::StatusOr<DeviceMatrix> DeviceMatrix::UploadPlain(const uint16_t* host, int64_t rows,
+                                                       int64_t cols, int device) {
+  if (host == nullptr) return absl::InvalidArgumentError("UploadPlain: the weight pointer is null");
+  if (rows <= 0 || cols <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("UploadPlain: empty matrix [", rows, ", ", cols, "]"));
+  }
+  ASSIGN_OR_RETURN(auto info, internal::GetDeviceInfo(device));
+  (void)info;
+  ASSIGN_OR_RETURN(auto ctx, internal::ScopedDeviceContext::Enter(device));
+  auto s = std::make_shared<internal::DeviceMatrixState>();
+  s->device = device;
+  s->format = WeightFormat::kBf16;
+  s->rows = rows;
+  s->cols = cols;
+  s->rows16 = (rows + 15) / 16 * 16;
+  s->cols64 = (cols + 63) / 64 * 64;
+  s->ldw = s->cols64;
+  const size_t bytes = static_cast<size_t>(s->rows16 * s->ldw * 2);
+  CUdeviceptr p = 0;
+  CU_RETURN_IF_ERROR(cuMemAlloc(&p, bytes));
+  s->allocations.push_back(p);
+  s->plain = p;
+  if (s->ldw == cols && s->rows16 == rows) {
+    CU_RETURN_IF_ERROR(cuMemcpyHtoD(p, host, bytes));
+  } else {
+    CU_RETURN_IF_ERROR(cuMemsetD8(p, 0, bytes));
+    CUDA_MEMCPY2D c;
+    std::memset(&c, 0, sizeof(c));
+    c.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c.srcHost = host;
+    c.srcPitch = static_cast<size_t>(cols) * 2;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = p;
+    c.dstPitch = static_cast<size_t>(s->ldw) * 2;
+    c.WidthInBytes = static_cast<size_t>(cols) * 2;
+    c.Height = static_cast<size_t>(rows);
+    CU_RETURN_IF_ERROR(cuMemcpy2DAsync(&c, nullptr));
+    CU_RETURN_IF_ERROR(cuCtxSynchronize());
+  }
+  s->weight_bytes = rows * cols * 2;
+  return internal::DeviceMatrixState::Wrap(std::move(s));
+}
+
+absl::StatusOr<DeviceMatrix> DeviceMatrix::FromBf16(const uint16_t* host, int64_t rows,
+                                                    int64_t cols, int device) {
+  if (host == nullptr) return absl::InvalidArgumentError("FromBf16: the weight pointer is null");
+  absl::Status shape = CheckPackableShape(rows, cols);
+  if (shape.ok()) {
+    ASSIGN_OR_RETURN(PackedMatrix packed, Pack(host, rows, cols));
+    return Upload(packed, device);
+  }
+  if (rows <= 0 || cols <= 0) return shape;
+  ASSIGN_OR_RETURN(DeviceMatrix m, UploadPlain(host, rows, cols, device));
+  m.state_->fallback_reason = std::string(shape.message());
+  return m;
+}
+
+int64_t DeviceMatrix::rows() const { return state_ ? state_->rows : 0; }
+int64_t DeviceMatrix::cols() const { return state_ ? state_->cols : 0; }
+int DeviceMatrix::device() const { return state_ ? state_->device : -1; }
+WeightFormat DeviceMatrix::format() const { return state_ ? state_->format : WeightFormat::kZ12; }
+int64_t DeviceMatrix::weight_bytes() const { return state_ ? state_->weight_bytes : 0; }
+const std::string& DeviceMatrix::fallback_reason() const {
+  static const std::string kEmpty;
+  return state_ ? state_->fallback_reason : kEmpty;
+}
+
+}  // namespace gemvz

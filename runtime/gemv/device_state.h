@@ -1,0 +1,48 @@
+// What a DeviceMatrix holds on its GPU, and per-device facts the launch path needs.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gemvz/config.h"
+#include "gemvz/gemv.h"
+
+namespace gemvz::internal {
+
+struct DeviceMatrixState {
+  int device = 0;
+  WeightFormat format = WeightFormat::kZ12;
+  int64_t rows = 0, cols = 0;
+  int64_t weight_bytes = 0;
+  std::string fallback_reason;
+  // z12
+  CUdeviceptr weights = 0, row_offsets = 0, entries = 0, dense_block_offsets = 0, dense_rows = 0,
+              dense_values = 0;
+  uint32_t tl = 0, th = 0;
+  // bf16: [rows16][ldw] zero-padded
+  CUdeviceptr plain = 0;
+  int64_t rows16 = 0, cols64 = 0, ldw = 0;
+
+  std::vector<CUdeviceptr> allocations;
+  ~DeviceMatrixState();
+
+  static DeviceMatrix Wrap(std::shared_ptr<DeviceMatrixState> s) {
+    DeviceMatrix m;
+    m.state_ = std::move(s);
+    return m;
+  }
+};
+
+struct DeviceInfo {
+  DeviceLimits limits;
+  std::string arch;  // "sm_90"
+  std::string name;
+};
+// Queried once per device.
+absl::StatusOr<DeviceInfo> GetDeviceInfo(int device);
+
+}  // namespace gemvz::internal

@@ -1,0 +1,235 @@
+// The launch path: plan (forced, env, tuned, heuristic or autotuned configuration), fetch the
+// JIT-compiled kernel, take this stream's workspace, launch one kernel per chunk of m.
+#include "gemvz/gemv.h"
+
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernel_sources/gemv_params.cuh"
+#include "runtime/common/env.h"
+#include "runtime/common/log.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/cuda/driver.h"
+#include "runtime/dispatch/dispatcher.h"
+#include "runtime/gemv/autotune.h"
+#include "runtime/gemv/device_state.h"
+#include "runtime/jit/kernel_cache.h"
+
+namespace gemvz {
+namespace internal {
+namespace {
+
+// Split-K partials, semaphores and the padded-x buffer of one stream. Calls on one stream run in
+// order, so one workspace per (context, stream) is enough; distinct streams never share one.
+struct Workspace {
+  CUdeviceptr ws = 0;
+  size_t ws_bytes = 0;
+  CUdeviceptr sem = 0;  // zero between calls: the last CTA of a row block resets its counter
+  size_t sem_bytes = 0;
+  CUdeviceptr xpad = 0;
+  size_t xpad_bytes = 0;
+};
+
+absl::Mutex workspace_mu(absl::kConstInit);
+absl::flat_hash_map<std::pair<CUcontext, CUstream>, Workspace*>& Workspaces() {
+  static auto* m = new absl::flat_hash_map<std::pair<CUcontext, CUstream>, Workspace*>();
+  return *m;
+}
+
+// Grows `buf` to at least `bytes`. Growth during graph capture is refused: an allocation there
+// would not be replayed. `zero` clears new memory (semaphores must start at zero).
+absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, bool capturing) {
+  if (have >= bytes) return absl::OkStatus();
+  if (capturing) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Gemv needs a larger workspace (", bytes, " bytes) while the stream is being captured; "
+        "run the same call once on this stream before capturing it"));
+  }
+  CU_RETURN_IF_ERROR(cuCtxSynchronize());  // the old buffer may still be in use
+  if (buf != 0) CU_RETURN_IF_ERROR(cuMemFree(buf));
+  buf = 0;
+  have = 0;
+  const size_t alloc = std::max<size_t>(bytes, 4096);
+  CU_RETURN_IF_ERROR(cuMemAlloc(&buf, alloc));
+  if (zero) CU_RETURN_IF_ERROR(cuMemsetD8(buf, 0, alloc));
+  have = alloc;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Workspace*> GetWorkspace(CUcontext ctx, CUstream stream) {
+  absl::MutexLock lock(&workspace_mu);
+  auto& map = Workspaces();
+  auto it = map.find({ctx, stream});
+  if (it != map.end()) return it->second;
+  auto* w = new Workspace();
+  map[{ctx, stream}] = w;
+  return w;
+}
+
+int64_t Rows16(const DeviceMatrixState& s) { return (s.rows + 15) / 16 * 16; }
+int64_t Cols64(const DeviceMatrixState& s) { return (s.cols + 63) / 64 * 64; }
+
+}  // namespace
+}  // namespace internal
+
+namespace internal {
+
+absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
+                                          const GemvOptions& options, bool allow_autotune) {
+  if (!w.valid()) return absl::InvalidArgumentError("Gemv: the DeviceMatrix is empty");
+  if (m < 1) return absl::InvalidArgumentError(absl::StrCat("Gemv: m must be >= 1 (got ", m, ")"));
+  const DeviceMatrixState& s = *w.state();
+  ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(s.device));
+  const int64_t m_launch = std::min<int64_t>(m, kMaxTokensPerLaunch);
+  const GemvShape shape{m_launch, Rows16(s), Cols64(s)};
+
+  auto forced = [&](const KernelConfig& c, const char* source) -> absl::StatusOr<GemvPlan> {
+    if (c.format != s.format) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "configuration ", c.ToString(), " (", source, ") is for ",
+          std::string(FormatName(c.format)), " weights, but the matrix is ",
+          std::string(FormatName(s.format))));
+    }
+    const GemvShape launch{std::min<int64_t>(m_launch, c.tokens_per_launch()), shape.n, shape.k};
+    RETURN_IF_ERROR(Validate(c, launch, info.limits));
+    return GemvPlan{c, source, launch.m};
+  };
+  if (options.config) return forced(*options.config, "forced");
+  if (auto env = GetEnv("GEMVZ_FORCE_CONFIG")) {
+    auto c = KernelConfig::Parse(*env);
+    if (!c.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GEMVZ_FORCE_CONFIG: ", c.status().message()));
+    }
+    // A forced configuration of the other format does not apply to this matrix.
+    if (c->format == s.format) return forced(*c, "env");
+  }
+  ASSIGN_OR_RETURN(GemvPlan plan, ChooseConfig(shape, s.format, info.arch, info.limits.sm_count));
+  if (plan.source == "heuristic" && allow_autotune && AutotuneEnabled()) {
+    auto tuned = Autotune(w, shape, info);
+    if (tuned.ok()) return *tuned;
+    GEMVZ_LOG_WARNING("autotune of %s failed, using the heuristic: %s", shape.ToString(),
+                      tuned.status().ToString());
+  }
+  return plan;
+}
+
+absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, int64_t chunk_m,
+                           const uint16_t* x, int64_t m, uint16_t* out, CUstream stream) {
+  const DeviceMatrixState& s = *w.state();
+  ASSIGN_OR_RETURN(auto scope, ScopedDeviceContext::Enter(s.device));
+  ASSIGN_OR_RETURN(LoadedKernel kernel, GetKernel(s.device, config));
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream, &capture));
+  const bool capturing = capture != CU_STREAM_CAPTURE_STATUS_NONE;
+
+  const int64_t n16 = Rows16(s), k64 = Cols64(s);
+  const int64_t row_blocks = n16 / 16;
+  ASSIGN_OR_RETURN(Workspace * ws, GetWorkspace(scope.context(), stream));
+  absl::MutexLock lock(&workspace_mu);  // growth and use of one stream's workspace, in order
+  if (config.splits > 1) {
+    const size_t ws_bytes =
+        static_cast<size_t>(row_blocks) * config.splits * config.nb * 32 * 16;
+    RETURN_IF_ERROR(Ensure(ws->ws, ws->ws_bytes, ws_bytes, false, capturing));
+    RETURN_IF_ERROR(Ensure(ws->sem, ws->sem_bytes, static_cast<size_t>(row_blocks) * 4, true,
+                           capturing));
+  }
+  // Plain BF16 with K not a multiple of 64: x is copied into a zero-padded [m, K64] buffer.
+  const uint16_t* xk = x;
+  int64_t ldx = s.cols;
+  if (s.format == WeightFormat::kBf16 && k64 != s.cols) {
+    RETURN_IF_ERROR(Ensure(ws->xpad, ws->xpad_bytes, static_cast<size_t>(m * k64 * 2), false,
+                           capturing));
+    CU_RETURN_IF_ERROR(cuMemsetD8Async(ws->xpad, 0, static_cast<size_t>(m * k64 * 2), stream));
+    CUDA_MEMCPY2D c;
+    std::memset(&c, 0, sizeof(c));
+    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = reinterpret_cast<CUdeviceptr>(x);
+    c.srcPitch = static_cast<size_t>(s.cols) * 2;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = ws->xpad;
+    c.dstPitch = static_cast<size_t>(k64) * 2;
+    c.WidthInBytes = static_cast<size_t>(s.cols) * 2;
+    c.Height = static_cast<size_t>(m);
+    CU_RETURN_IF_ERROR(cuMemcpy2DAsync(&c, stream));
+    xk = reinterpret_cast<const uint16_t*>(ws->xpad);
+    ldx = k64;
+  }
+
+  for (int64_t c0 = 0; c0 < m; c0 += chunk_m) {
+    const int mc = static_cast<int>(std::min<int64_t>(chunk_m, m - c0));
+    Z12Params zp;
+    Bf16Params bp;
+    void* args[1];
+    if (s.format == WeightFormat::kZ12) {
+      zp.x = xk + c0 * ldx;
+      zp.w = reinterpret_cast<const void*>(s.weights);
+      zp.row_offsets = reinterpret_cast<const unsigned*>(s.row_offsets);
+      zp.entries = reinterpret_cast<const void*>(s.entries);
+      zp.dense_block_offsets = reinterpret_cast<const unsigned*>(s.dense_block_offsets);
+      zp.dense_rows = reinterpret_cast<const unsigned char*>(s.dense_rows);
+      zp.dense_values = reinterpret_cast<const unsigned short*>(s.dense_values);
+      zp.out = out + c0 * s.rows;
+      zp.ws = reinterpret_cast<void*>(ws->ws);
+      zp.sem = reinterpret_cast<int*>(ws->sem);
+      zp.ldx = ldx;
+      zp.ldo = s.rows;
+      zp.M = mc;
+      zp.N = static_cast<int>(s.rows);
+      zp.K = static_cast<int>(s.cols);
+      zp.S = config.splits;
+      zp.tl = s.tl;
+      zp.th = s.th;
+      zp.flags = 0;
+      args[0] = &zp;
+    } else {
+      bp.x = xk + c0 * ldx;
+      bp.w = reinterpret_cast<const unsigned short*>(s.plain);
+      bp.out = out + c0 * s.rows;
+      bp.ws = reinterpret_cast<void*>(ws->ws);
+      bp.sem = reinterpret_cast<int*>(ws->sem);
+      bp.ldx = ldx;
+      bp.ldo = s.rows;
+      bp.ldw = s.ldw;
+      bp.M = mc;
+      bp.N = static_cast<int>(s.rows);
+      bp.K = static_cast<int>(k64);
+      bp.S = config.splits;
+      bp.flags = 0;
+      args[0] = &bp;
+    }
+    CU_RETURN_IF_ERROR(cuLaunchKernel(kernel.function, static_cast<unsigned>(row_blocks),
+                                      static_cast<unsigned>(config.splits), 1,
+                                      static_cast<unsigned>(config.threads()), 1, 1, 0, stream,
+                                      args, nullptr));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
+absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t* out,
+                  CUstream_st* stream, const GemvOptions& options) {
+  if (x == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("Gemv: x and out must be device pointers, not null");
+  }
+  if (!w.valid()) return absl::InvalidArgumentError("Gemv: the DeviceMatrix is empty");
+  // Autotuning launches and allocates: never while the caller's stream is being captured.
+  bool capturing = false;
+  {
+    ASSIGN_OR_RETURN(auto scope, internal::ScopedDeviceContext::Enter(w.device()));
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream, &capture));
+    capturing = capture != CU_STREAM_CAPTURE_STATUS_NONE;
+  }
+  ASSIGN_OR_RETURN(GemvPlan plan, internal::PlanGemvInternal(w, m, options, !capturing));
+  return internal::LaunchPlanned(w, plan.config, plan.chunk_m, x, m, out, stream);
+}
+
+absl::StatusOr<GemvPlan> PlanGemv(const DeviceMatrix& w, int64_t m, const GemvOptions& options) {
+  return internal::PlanGemvInternal(w, m, options, /*allow_autotune=*/true);
+}
+
+}  // namespace gemvz

@@ -1,0 +1,334 @@
+// The fused GEMV on the GPU against a double-precision CPU reference: a broad configuration sweep,
+// every dispatcher choice, m from 1 to 64, exception probes, dense rows, determinism, graphs,
+// concurrent streams and every error path. Skips cleanly without a GPU.
+#include "gemvz/gemv.h"
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "gemvz/dispatch.h"
+#include "gemvz/runtime.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/driver.h"
+#include "tests/support/gpu_util.h"
+#include "tests/support/random_weights.h"
+
+namespace gemvz {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::Distribution;
+using testing::FreshSeed;
+
+constexpr uint16_t kPoison = 0x7FC1;  // a NaN: any output left unwritten fails the comparison
+
+// One matrix on the GPU with its host copy, and a runner that checks one GEMV call.
+struct Problem {
+  int64_t n, k;
+  std::vector<uint16_t> w;
+  DeviceMatrix dm;
+
+  static Problem Make(int64_t n, int64_t k, std::vector<uint16_t> w, bool plain = false) {
+    Problem p{n, k, std::move(w), {}};
+    auto dm = plain ? DeviceMatrix::UploadPlain(p.w.data(), n, k)
+                    : DeviceMatrix::FromBf16(p.w.data(), n, k);
+    EXPECT_TRUE(dm.ok()) << dm.status();
+    if (dm.ok()) p.dm = *dm;
+    return p;
+  }
+
+  // Runs Gemv with m rows of fresh x and compares to the reference; returns the error text.
+  std::string Check(int64_t m, const GemvOptions& opt, uint64_t seed,
+                    const std::vector<uint16_t>* x_in = nullptr) const {
+    std::vector<uint16_t> x = x_in ? *x_in : testing::RandomActivations(m, k, seed);
+    DeviceBuffer dx(x.size() * 2), dout(static_cast<size_t>(m * n * 2));
+    dx.Upload(x.data(), x.size() * 2);
+    dout.Fill16(kPoison);
+    absl::Status st = Gemv(dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr, opt);
+    if (!st.ok()) return std::string(st.message());
+    std::vector<uint16_t> got(static_cast<size_t>(m * n));
+    dout.Download(got.data(), got.size() * 2);
+    std::vector<double> ref, abs_sum;
+    testing::ReferenceGemv(w, x, m, n, k, &ref, &abs_sum);
+    return testing::CompareToReference(got, ref, abs_sum, m, n);
+  }
+};
+
+std::vector<uint16_t> MixedWeights(int64_t n, int64_t k, uint64_t seed) {
+  auto w = testing::RandomMatrix(n, k, Distribution::kTiny, seed);
+  for (int64_t c = 0; c < k; ++c) w[(n / 2 + 3) * k + c] = 0;  // an all-zero (dense) row
+  return w;
+}
+
+TEST(Gemv, BroadConfigurationSweep) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t n = 256, k = 4096;
+  const Problem z = Problem::Make(n, k, MixedWeights(n, k, seed));
+  const Problem b = Problem::Make(n, k, MixedWeights(n, k, seed), /*plain=*/true);
+  ASSERT_EQ(z.dm.format(), WeightFormat::kZ12);
+  std::vector<KernelConfig> configs;
+  for (WeightFormat f : {WeightFormat::kZ12, WeightFormat::kBf16})
+    for (int nw : {1, 2, 4, 8, 16})
+      for (int ug : {1, 2, 4})
+        for (int nb = 1; nb <= 4; ++nb)
+          for (int pipe = 0; pipe <= 3; ++pipe)
+            for (int s : {1, 2, 4}) {
+              KernelConfig c{f, nw, ug, nb, pipe, s};
+              if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
+            }
+  // Compile everything in parallel first.
+  std::vector<KernelConfig> kernels;
+  for (auto c : configs) {
+    c.splits = 1;
+    if (std::find(kernels.begin(), kernels.end(), c) == kernels.end()) kernels.push_back(c);
+  }
+  auto arch = internal::DeviceArch(0);
+  ASSERT_TRUE(arch.ok());
+  auto compiled = PrecompileAll(kernels, *arch, 0);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  for (const auto& r : *compiled) EXPECT_EQ(r.spill_bytes, 0) << r.config.ToString() << " spills";
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  int tested = 0;
+  for (const KernelConfig& c : configs) {
+    // m: a random count that this NB covers (all of 1..8*NB over the sweep)
+    const int64_t m = 1 + static_cast<int64_t>(rng() % (8 * c.nb));
+    const Problem& p = c.format == WeightFormat::kZ12 ? z : b;
+    const std::string err = p.Check(m, GemvOptions{c}, seed + tested);
+    EXPECT_EQ(err, "") << c.ToString() << " m=" << m;
+    ++tested;
+  }
+  std::printf("[ info ] %d configurations checked (%d kernels)\n", tested,
+              static_cast<int>(kernels.size()));
+}
+
+TEST(Gemv, DispatcherChoicesOnTheSuite) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const std::pair<int64_t, int64_t> suite[] = {{4096, 8192}, {6144, 4096}, {4096, 4096},
+                                                {28672, 4096}, {4096, 14336}, {10240, 8192},
+                                                {8192, 28672}};
+  for (auto [n, k] : suite) {
+    const Problem p = Problem::Make(n, k, testing::RandomMatrix(n, k, Distribution::kNormal, seed));
+    for (int64_t m : {1, 8, 16}) {
+      auto plan = PlanGemv(p.dm, m);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      EXPECT_EQ(p.Check(m, {}, seed + m), "") << n << "x" << k << " m=" << m << " "
+                                              << plan->config.ToString() << " (" << plan->source
+                                              << ")";
+    }
+  }
+}
+
+TEST(Gemv, EveryMFrom1To64) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t n = 512, k = 2048;
+  const Problem z = Problem::Make(n, k, MixedWeights(n, k, seed));
+  const Problem b = Problem::Make(n, k, MixedWeights(n, k, seed), true);
+  for (int64_t m = 1; m <= 64; ++m) {
+    EXPECT_EQ(z.Check(m, {}, seed + m), "") << "z12 m=" << m;
+    EXPECT_EQ(b.Check(m, {}, seed + 100 + m), "") << "bf16 m=" << m;
+  }
+}
+
+TEST(Gemv, OddShapesGoToThePlainPath) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{100, 4096}, {256, 1000}, {33, 77}}) {
+    const Problem p = Problem::Make(n, k, testing::RandomMatrix(n, k, Distribution::kNormal, seed));
+    EXPECT_EQ(p.dm.format(), WeightFormat::kBf16);
+    EXPECT_FALSE(p.dm.fallback_reason().empty());
+    for (int64_t m : {1, 5, 16, 40}) EXPECT_EQ(p.Check(m, {}, seed + m), "") << n << "x" << k;
+  }
+}
+
+// x is nonzero only on columns that hold exceptions: the decoded weights alone give a visibly
+// wrong answer there; with the corrections the answer is exact.
+TEST(Gemv, ExceptionProbe) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 256, k = 4096, m = 8;
+  auto w = testing::RandomMatrix(n, k, Distribution::kNormal, seed);
+  // Plant out-of-window weights (tiny and huge) on a few columns of every row.
+  const int64_t cols[] = {5, 700, 2049, 4095};
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c : cols) w[r * k + c] = (r % 2) ? 0x3001 /* ~4.7e-10 */ : 0x4280 /* 64 */;
+  const Problem p = Problem::Make(n, k, w);
+  std::vector<uint16_t> x(m * k, 0);
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t c : cols) x[t * k + c] = FloatToBf16(0.5f + 0.25f * t);
+  for (int s : {1, 2, 4}) {
+    KernelConfig c{WeightFormat::kZ12, 4, 1, 1, 3, s};
+    EXPECT_EQ(p.Check(m, GemvOptions{c}, seed, &x), "") << c.ToString();
+  }
+  EXPECT_EQ(p.Check(m, {}, seed, &x), "");
+}
+
+TEST(Gemv, HeavyTailsZeroRowsAndSkew) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 1024, k = 8192;
+  auto w = testing::RandomMatrix(n, k, Distribution::kStudentT3, seed);
+  for (int64_t c = 0; c < k; ++c) w[17 * k + c] = 0;                   // zero row
+  for (int64_t c = 0; c < k; ++c) w[(n - 1) * k + c] = 0;              // last row zero too
+  for (int64_t c = 0; c < k; c += 100) w[300 * k + c] = 0x0001;        // a row with 1 % tiny
+  const Problem p = Problem::Make(n, k, w);
+  for (int64_t m : {1, 8, 16}) EXPECT_EQ(p.Check(m, {}, seed + m), "") << "m=" << m;
+  for (int s : {2, 4}) {
+    EXPECT_EQ(p.Check(16, GemvOptions{KernelConfig{WeightFormat::kZ12, 8, 2, 2, 1, s}}, seed), "");
+  }
+}
+
+TEST(Gemv, BitwiseDeterministic) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 2048, k = 8192, m = 16;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  auto x = testing::RandomActivations(m, k, seed);
+  DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
+  dx.Upload(x.data(), x.size() * 2);
+  for (int s : {1, 4}) {
+    const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 2, 2, 3, s}};
+    std::vector<uint16_t> first(m * n), again(m * n);
+    for (int run = 0; run < 20; ++run) {
+      dout.Fill16(kPoison);
+      ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr, opt).ok());
+      dout.Download(run == 0 ? first.data() : again.data(), m * n * 2);
+      if (run > 0) ASSERT_EQ(std::memcmp(first.data(), again.data(), m * n * 2), 0) << "run " << run;
+    }
+  }
+}
+
+TEST(Gemv, GraphCaptureAndReplay) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 1024, k = 4096, m = 8;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  auto x = testing::RandomActivations(m, k, seed);
+  DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
+  dx.Upload(x.data(), x.size() * 2);
+  CUstream stream;
+  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};  // split-K in a graph
+  ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt).ok());
+  ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
+  CUgraph graph;
+  CUgraphExec exec;
+  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt).ok());
+  }
+  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuGraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
+  std::vector<double> ref, abs_sum;
+  testing::ReferenceGemv(p.w, x, m, n, k, &ref, &abs_sum);
+  for (int replay = 0; replay < 5; ++replay) {
+    dout.Fill16(kPoison);
+    testing::Synchronize();
+    ASSERT_EQ(api.cuGraphLaunch(exec, stream), CUDA_SUCCESS);
+    ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
+    std::vector<uint16_t> got(m * n);
+    dout.Download(got.data(), got.size() * 2);
+    EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "") << "replay " << replay;
+  }
+  api.cuGraphExecDestroy(exec);
+  api.cuGraphDestroy(graph);
+  api.cuStreamDestroy(stream);
+}
+
+TEST(Gemv, TwoStreamsAtOnce) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 2048, k = 8192, m = 16;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  auto x0 = testing::RandomActivations(m, k, seed), x1 = testing::RandomActivations(m, k, seed + 1);
+  DeviceBuffer dx0(m * k * 2), dx1(m * k * 2), do0(m * n * 2), do1(m * n * 2);
+  dx0.Upload(x0.data(), x0.size() * 2);
+  dx1.Upload(x1.data(), x1.size() * 2);
+  do0.Fill16(kPoison);
+  do1.Fill16(kPoison);
+  CUstream s0, s1;
+  ASSERT_EQ(api.cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 2, 2, 3, 4}};  // split-K: workspaces
+  absl::Status st0, st1;
+  std::thread t0([&] {
+    for (int i = 0; i < 50 && st0.ok(); ++i)
+      st0 = Gemv(p.dm, dx0.as<uint16_t>(), m, do0.as<uint16_t>(), s0, opt);
+  });
+  std::thread t1([&] {
+    for (int i = 0; i < 50 && st1.ok(); ++i)
+      st1 = Gemv(p.dm, dx1.as<uint16_t>(), m, do1.as<uint16_t>(), s1, opt);
+  });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  api.cuStreamSynchronize(s0);
+  api.cuStreamSynchronize(s1);
+  for (int i = 0; i < 2; ++i) {
+    std::vector<uint16_t> got(m * n);
+    (i == 0 ? do0 : do1).Download(got.data(), got.size() * 2);
+    std::vector<double> ref, abs_sum;
+    testing::ReferenceGemv(p.w, i == 0 ? x0 : x1, m, n, k, &ref, &abs_sum);
+    EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "") << "stream " << i;
+  }
+  api.cuStreamDestroy(s0);
+  api.cuStreamDestroy(s1);
+}
+
+TEST(Gemv, ErrorPaths) {
+  GEMVZ_REQUIRE_GPU();
+  const int64_t n = 64, k = 256;
+  const Problem p = Problem::Make(n, k, testing::RandomMatrix(n, k, Distribution::kNormal, 1));
+  DeviceBuffer dx(16 * k * 2), dout(16 * n * 2);
+  auto run = [&](int64_t m, GemvOptions opt, const uint16_t* x, uint16_t* out) {
+    return Gemv(p.dm, x, m, out, nullptr, opt);
+  };
+  const uint16_t* x = dx.as<uint16_t>();
+  uint16_t* out = dout.as<uint16_t>();
+  EXPECT_NE(run(0, {}, x, out).message().find("m must be >= 1"), std::string::npos);
+  EXPECT_NE(run(1, {}, nullptr, out).message().find("not null"), std::string::npos);
+  EXPECT_NE(run(1, {}, x, nullptr).message().find("not null"), std::string::npos);
+  EXPECT_NE(Gemv(DeviceMatrix(), x, 1, out, nullptr).message().find("empty"), std::string::npos);
+  // K = 256 = 4 groups: NW=8 cannot split it.
+  auto st = run(1, GemvOptions{KernelConfig{WeightFormat::kZ12, 8, 1, 1, 3, 1}}, x, out);
+  EXPECT_NE(st.message().find("K must be divisible by 64*S*NW*UG"), std::string::npos) << st;
+  st = run(1, GemvOptions{KernelConfig{WeightFormat::kBf16, 4, 1, 1, 3, 1}}, x, out);
+  EXPECT_NE(st.message().find("matrix is z12"), std::string::npos) << st;
+  st = run(9, GemvOptions{KernelConfig{WeightFormat::kZ12, 2, 1, 1, 3, 1}}, x, out);
+  EXPECT_TRUE(st.ok()) << "m above 8*NB runs in chunks: " << st;
+  EXPECT_FALSE(DeviceMatrix::Upload(PackedMatrix{}, 0).ok());
+  auto packed = Pack(p.w.data(), n, k);
+  ASSERT_TRUE(packed.ok());
+  auto bad_dev = DeviceMatrix::Upload(*packed, 99);
+  EXPECT_FALSE(bad_dev.ok());
+  EXPECT_NE(bad_dev.status().message().find("device 99"), std::string::npos) << bad_dev.status();
+  setenv("GEMVZ_FORCE_CONFIG", "z12.nw3", 1);
+  st = run(1, {}, x, out);
+  unsetenv("GEMVZ_FORCE_CONFIG");
+  EXPECT_NE(st.message().find("GEMVZ_FORCE_CONFIG"), std::string::npos) << st;
+}
+
+TEST(Gemv, ForcedByEnvironment) {
+  GEMVZ_REQUIRE_GPU();
+  const int64_t n = 256, k = 2048;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, 7));
+  setenv("GEMVZ_FORCE_CONFIG", "z12.nw2.ug4.nb1.pipe1.s2", 1);
+  auto plan = PlanGemv(p.dm, 4);
+  EXPECT_EQ(p.Check(4, {}, 3), "");
+  unsetenv("GEMVZ_FORCE_CONFIG");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->source, "env");
+  EXPECT_EQ(plan->config.ToString(), "z12.nw2.ug4.nb1.pipe1.s2");
+}
+
+}  // namespace
+}  // namespace gemvz

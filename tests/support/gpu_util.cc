@@ -1,0 +1,108 @@
+#include "tests/support/gpu_util.h"
+
+#include <cmath>
+#include <sstream>
+#include <thread>
+
+#include "gemvz/format.h"
+#include "runtime/cuda/driver.h"
+
+namespace gemvz::testing {
+namespace {
+
+const internal::DriverApi& Api() { return **internal::Driver(); }
+
+void Check(CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS) {
+    const char* name = "?";
+    Api().cuGetErrorName(r, &name);
+    ADD_FAILURE() << what << " failed: " << name;
+  }
+}
+
+}  // namespace
+
+std::string NoGpuReason() {
+  auto d = internal::Driver();
+  if (!d.ok()) return std::string(d.status().message());
+  return "the driver reports no CUDA device";
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  auto ctx = internal::PrimaryContext(0);
+  if (!ctx.ok()) {
+    ADD_FAILURE() << ctx.status();
+    return;
+  }
+  Check(Api().cuCtxSetCurrent(*ctx), "cuCtxSetCurrent");
+  Check(Api().cuMemAlloc(&ptr_, std::max<size_t>(bytes, 16)), "cuMemAlloc");
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_ != 0) Api().cuMemFree(ptr_);
+}
+
+void DeviceBuffer::Upload(const void* src, size_t bytes) {
+  Check(Api().cuMemcpyHtoD(ptr_, src, bytes), "cuMemcpyHtoD");
+}
+
+void DeviceBuffer::Download(void* dst, size_t bytes) const {
+  Check(Api().cuCtxSynchronize(), "cuCtxSynchronize");
+  Check(Api().cuMemcpyDtoH(dst, ptr_, bytes), "cuMemcpyDtoH");
+}
+
+void DeviceBuffer::Fill16(uint16_t value) {
+  Check(Api().cuMemsetD16(ptr_, value, bytes_ / 2), "cuMemsetD16");
+}
+
+void Synchronize() { Check(Api().cuCtxSynchronize(), "cuCtxSynchronize"); }
+
+void ReferenceGemv(const std::vector<uint16_t>& w, const std::vector<uint16_t>& x, int64_t m,
+                   int64_t n, int64_t k, std::vector<double>* out, std::vector<double>* abs_sum) {
+  out->assign(static_cast<size_t>(m * n), 0.0);
+  abs_sum->assign(static_cast<size_t>(m * n), 0.0);
+  std::vector<double> xd(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xd[i] = Bf16ToFloat(x[i]);
+  const int threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::vector<double> row(static_cast<size_t>(k));
+      for (int64_t r = n * t / threads; r < n * (t + 1) / threads; ++r) {
+        for (int64_t c = 0; c < k; ++c) row[c] = Bf16ToFloat(w[r * k + c]);
+        for (int64_t i = 0; i < m; ++i) {
+          double s = 0, a = 0;
+          const double* xr = xd.data() + i * k;
+          for (int64_t c = 0; c < k; ++c) {
+            s += row[c] * xr[c];
+            a += std::abs(row[c] * xr[c]);
+          }
+          (*out)[i * n + r] = s;
+          (*abs_sum)[i * n + r] = a;
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+std::string CompareToReference(const std::vector<uint16_t>& got, const std::vector<double>& ref,
+                               const std::vector<double>& abs_sum, int64_t m, int64_t n) {
+  std::ostringstream os;
+  int bad = 0;
+  for (int64_t i = 0; i < m * n; ++i) {
+    const double g = Bf16ToFloat(got[i]);
+    const double tol = std::ldexp(std::abs(ref[i]), -8) + std::ldexp(abs_sum[i], -16) + 1e-30;
+    if (!(std::abs(g - ref[i]) <= tol)) {
+      if (bad < 5) {
+        os << "out[" << i / n << "][" << i % n << "] = " << g << " (bits 0x" << std::hex << got[i]
+           << std::dec << "), reference " << ref[i] << ", tolerance " << tol << "\n";
+      }
+      ++bad;
+    }
+  }
+  if (bad > 0) os << bad << " of " << m * n << " outputs wrong\n";
+  return os.str();
+}
+
+}  // namespace gemvz::testing

@@ -1,0 +1,61 @@
+// GPU test helpers: RAII device buffers over the dlopen'ed driver, the skip-without-GPU guard,
+// and the double-precision reference GEMV with the BF16-output error check.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+
+namespace gemvz::testing {
+
+// Skips the test (with the reason) when there is no driver or no GPU.
+#define GEMVZ_REQUIRE_GPU()                                                          \
+  do {                                                                               \
+    if (::gemvz::internal::DeviceCount() == 0) {                                     \
+      GTEST_SKIP() << "no GPU: " << ::gemvz::testing::NoGpuReason();                 \
+    }                                                                                \
+  } while (0)
+
+std::string NoGpuReason();
+
+// Device memory on device 0's primary context.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  T* as() const {
+    return reinterpret_cast<T*>(ptr_);
+  }
+  CUdeviceptr ptr() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  void Upload(const void* src, size_t bytes);
+  void Download(void* dst, size_t bytes) const;
+  void Fill16(uint16_t value);  // poison
+
+ private:
+  CUdeviceptr ptr_ = 0;
+  size_t bytes_ = 0;
+};
+
+// out[m][n] = sum_k w[n][k] * x[m][k], in double, multithreaded. Also returns sum |w x| per
+// output (the scale of FP32 accumulation error).
+void ReferenceGemv(const std::vector<uint16_t>& w, const std::vector<uint16_t>& x, int64_t m,
+                   int64_t n, int64_t k, std::vector<double>* out, std::vector<double>* abs_sum);
+
+// Checks BF16 results against the reference: |got - ref| <= 2^-8 |ref| + 2^-16 sum|w x| (BF16
+// output rounding is 2^-9 relative; FP32 accumulation in a different order adds a little).
+// Returns "" when all match, else a description of the first few mismatches.
+std::string CompareToReference(const std::vector<uint16_t>& got, const std::vector<double>& ref,
+                               const std::vector<double>& abs_sum, int64_t m, int64_t n);
+
+void Synchronize();
+
+}  // namespace gemvz::testing
