@@ -3,13 +3,27 @@
 
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 
 namespace gemvz {
+namespace {
+
+// Digits only: SimpleAtoi alone would also take "+8", " 8" or "8 ", and the text form must stay
+// canonical so that a configuration has exactly one spelling.
+bool ParseFieldValue(absl::string_view digits, int* value) {
+  if (digits.empty() || digits.size() > 9) return false;
+  for (char ch : digits) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(ch))) return false;
+  }
+  return absl::SimpleAtoi(digits, value);
+}
+
+}  // namespace
 
 std::string_view FormatName(WeightFormat format) {
   return format == WeightFormat::kZ12 ? "z12" : "bf16";
@@ -30,8 +44,10 @@ int64_t KernelConfig::shared_bytes() const {
   return bytes + 4;  // s_last
 }
 
-absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text) {
-  const std::vector<std::string_view> parts = absl::StrSplit(text, '.');
+absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
+  // Debian's Abseil has its own string_view; the public API speaks std::string_view.
+  const absl::string_view text(text_in.data(), text_in.size());
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, '.');
   KernelConfig c;
   if (parts.empty() || (parts[0] != "z12" && parts[0] != "bf16")) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -40,10 +56,10 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text) {
   }
   c.format = parts[0] == "z12" ? WeightFormat::kZ12 : WeightFormat::kBf16;
   bool seen[5] = {false, false, false, false, false};
-  static constexpr std::string_view kNames[5] = {"nw", "ug", "nb", "pipe", "s"};
+  static constexpr absl::string_view kNames[5] = {"nw", "ug", "nb", "pipe", "s"};
   int* fields[5] = {&c.nw, &c.ug, &c.nb, &c.pipe, &c.splits};
   for (size_t i = 1; i < parts.size(); ++i) {
-    std::string_view p = parts[i];
+    absl::string_view p = parts[i];
     int which = -1;
     // "pipe" before "nb"/"nw" has no prefix clash; check the longest names first.
     for (int f : {3, 0, 1, 2, 4}) {
@@ -53,10 +69,11 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text) {
       }
     }
     int value = 0;
-    if (which < 0 || !absl::SimpleAtoi(p.substr(kNames[which].size()), &value)) {
+    if (which < 0 || !ParseFieldValue(p.substr(kNames[which].size()), &value)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bad configuration '", text, "': field '", p,
-          "' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, s<N>"));
+          "' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, s<N>",
+          which < 0 ? "" : absl::StrCat(" (", kNames[which], " takes a decimal number)")));
     }
     if (seen[which]) {
       return absl::InvalidArgumentError(
@@ -67,8 +84,8 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text) {
   }
   for (int f = 0; f < 4; ++f) {
     if (!seen[f]) {
-      return absl::InvalidArgumentError(absl::StrCat("bad configuration '", text,
-                                                      "': missing field ", kNames[f], "<N>"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad configuration '", text, "': missing field ", kNames[f], "<N>"));
     }
   }
   if (!seen[4]) c.splits = 1;  // s defaults to 1
@@ -79,9 +96,9 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text) {
 DeviceLimits DefaultDeviceLimits() { return DeviceLimits{}; }
 
 absl::Status ValidateConfig(const KernelConfig& c) {
-  const std::string name = c.ToString();
   auto fail = [&](const std::string& rule) {
-    return absl::InvalidArgumentError(absl::StrCat("configuration ", name, " is invalid: ", rule));
+    return absl::InvalidArgumentError(
+        absl::StrCat("configuration ", c.ToString(), " is invalid: ", rule));
   };
   if (c.nw < 1 || c.nw > 32) return fail(absl::StrCat("NW must be in 1..32 (got ", c.nw, ")"));
   if (c.ug < 1 || c.ug > 8) return fail(absl::StrCat("UG must be in 1..8 (got ", c.ug, ")"));
@@ -99,9 +116,10 @@ absl::Status ValidateConfig(const KernelConfig& c) {
 
 absl::Status Validate(const KernelConfig& c, const GemvShape& s, const DeviceLimits& limits) {
   if (absl::Status st = ValidateConfig(c); !st.ok()) return st;
-  const std::string where = absl::StrCat("configuration ", c.ToString(), " for ", s.ToString());
+  // The message is built only on failure: the sweep and the heuristic validate many candidates.
   auto fail = [&](const std::string& rule) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " is invalid: ", rule));
+    return absl::InvalidArgumentError(
+        absl::StrCat("configuration ", c.ToString(), " for ", s.ToString(), " is invalid: ", rule));
   };
   if (c.threads() > limits.max_threads_per_block) {
     return fail(absl::StrCat("threads per block ", c.threads(), " exceed the device limit ",
@@ -116,6 +134,8 @@ absl::Status Validate(const KernelConfig& c, const GemvShape& s, const DeviceLim
   }
   if (s.n < 16 || s.n % 16 != 0) return fail("N must be a positive multiple of 16");
   if (s.k < 64 || s.k % 64 != 0) return fail("K must be a positive multiple of 64");
+  // The kernels take M, N and K as 32-bit ints.
+  if (s.n > INT32_MAX || s.k > INT32_MAX) return fail("N and K must be below 2^31");
   const int64_t quantum = int64_t{64} * c.splits * c.nw * c.ug;
   if (s.k % quantum != 0) {
     return fail(absl::StrCat("K must be divisible by 64*S*NW*UG = ", quantum));

@@ -1,0 +1,368 @@
+// KernelConfig: the text form round trip, parse errors, and every rule of ValidateConfig/Validate
+// with the message that names it.
+#include "gemvz/config.h"
+
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+// gmock is not linked: a substring check that prints both sides.
+#define EXPECT_CONTAINS(haystack, needle)                                       \
+  EXPECT_NE(std::string(haystack).find(std::string(needle)), std::string::npos) \
+      << "'" << (haystack) << "' does not contain '" << (needle) << "' "
+
+namespace gemvz {
+namespace {
+
+// Status messages as std::string, whatever Abseil's string_view is.
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+uint64_t Seed() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) | rd();
+}
+
+KernelConfig RandomValidConfig(std::mt19937_64& rng) {
+  KernelConfig c;
+  c.format = rng() % 2 ? WeightFormat::kZ12 : WeightFormat::kBf16;
+  c.nb = 1 + static_cast<int>(rng() % 4);
+  c.nw = c.nb + static_cast<int>(rng() % (33 - c.nb));
+  c.ug = 1 + static_cast<int>(rng() % 8);
+  c.pipe = static_cast<int>(rng() % 4);
+  c.splits = 1 + static_cast<int>(rng() % 100000);
+  return c;
+}
+
+TEST(ConfigTest, TextFormIsCanonical) {
+  KernelConfig c{WeightFormat::kZ12, 8, 2, 2, 3, 1};
+  EXPECT_EQ(c.ToString(), "z12.nw8.ug2.nb2.pipe3.s1");
+  EXPECT_EQ(c.KernelName(), "z12.nw8.ug2.nb2.pipe3");
+  KernelConfig b{WeightFormat::kBf16, 16, 1, 4, 0, 6};
+  EXPECT_EQ(b.ToString(), "bf16.nw16.ug1.nb4.pipe0.s6");
+  EXPECT_EQ(b.KernelName(), "bf16.nw16.ug1.nb4.pipe0");
+  EXPECT_EQ(FormatName(WeightFormat::kZ12), "z12");
+  EXPECT_EQ(FormatName(WeightFormat::kBf16), "bf16");
+  EXPECT_EQ((GemvShape{8, 4096, 8192}.ToString()), "m8.n4096.k8192");
+}
+
+TEST(ConfigTest, RandomConfigsRoundTripThroughText) {
+  const uint64_t seed = Seed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 2000; ++i) {
+    const KernelConfig c = RandomValidConfig(rng);
+    ASSERT_TRUE(ValidateConfig(c).ok()) << Msg(ValidateConfig(c));
+    absl::StatusOr<KernelConfig> back = KernelConfig::Parse(c.ToString());
+    ASSERT_TRUE(back.ok()) << c.ToString() << ": " << Msg(back.status());
+    EXPECT_EQ(*back, c) << c.ToString() << " came back as " << back->ToString();
+    EXPECT_EQ(back->ToString(), c.ToString());
+    // The kernel name parses to the same kernel with S = 1.
+    absl::StatusOr<KernelConfig> kernel = KernelConfig::Parse(c.KernelName());
+    ASSERT_TRUE(kernel.ok()) << Msg(kernel.status());
+    KernelConfig expected = c;
+    expected.splits = 1;
+    EXPECT_EQ(*kernel, expected);
+  }
+}
+
+TEST(ConfigTest, FieldsParseInAnyOrder) {
+  absl::StatusOr<KernelConfig> c = KernelConfig::Parse("bf16.s4.pipe1.nb2.ug4.nw12");
+  ASSERT_TRUE(c.ok()) << Msg(c.status());
+  EXPECT_EQ(*c, (KernelConfig{WeightFormat::kBf16, 12, 4, 2, 1, 4}));
+}
+
+TEST(ConfigTest, EqualityAndHashSeeEveryField) {
+  const uint64_t seed = Seed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  const KernelConfig base{WeightFormat::kZ12, 8, 2, 2, 3, 1};
+  absl::flat_hash_set<KernelConfig> set = {base};
+  const KernelConfig variants[] = {
+      {WeightFormat::kBf16, 8, 2, 2, 3, 1}, {WeightFormat::kZ12, 4, 2, 2, 3, 1},
+      {WeightFormat::kZ12, 8, 1, 2, 3, 1},  {WeightFormat::kZ12, 8, 2, 1, 3, 1},
+      {WeightFormat::kZ12, 8, 2, 2, 0, 1},  {WeightFormat::kZ12, 8, 2, 2, 3, 2}};
+  for (const KernelConfig& v : variants) {
+    EXPECT_NE(v, base) << v.ToString();
+    EXPECT_TRUE(set.insert(v).second) << v.ToString();
+  }
+  EXPECT_FALSE(set.insert(base).second);
+  // Distinct texts are distinct values.
+  absl::flat_hash_set<std::string> texts;
+  absl::flat_hash_set<KernelConfig> configs;
+  for (int i = 0; i < 1000; ++i) {
+    const KernelConfig c = RandomValidConfig(rng);
+    EXPECT_EQ(texts.insert(c.ToString()).second, configs.insert(c).second) << c.ToString();
+  }
+}
+
+struct ParseErrorCase {
+  const char* text;
+  const char* message;
+};
+
+TEST(ConfigTest, ParseErrorsNameTheProblem) {
+  const ParseErrorCase cases[] = {
+      // The format.
+      {"", "it must start with the format, z12 or bf16"},
+      {"z13.nw8.ug2.nb2.pipe3.s1", "it must start with the format, z12 or bf16"},
+      {"Z12.nw8.ug2.nb2.pipe3.s1", "it must start with the format"},
+      {"nw8.ug2.nb2.pipe3.s1", "it must start with the format"},
+      {"fp16.nw8.ug2.nb2.pipe3", "it must start with the format"},
+      // Unknown fields.
+      {"z12.nw8.ug2.nb2.pipe3.q1", "field 'q1' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, s<N>"},
+      {"z12.nw8.ug2.nb2.pipe3.s1.", "field '' is not one of"},
+      {"z12..nw8.ug2.nb2.pipe3", "field '' is not one of"},
+      {"z12.NW8.ug2.nb2.pipe3", "field 'NW8' is not one of"},
+      {"z12.warps8.ug2.nb2.pipe3", "field 'warps8' is not one of"},
+      // Bad numbers.
+      {"z12.nw.ug2.nb2.pipe3",
+       "field 'nw' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, s<N> "
+       "(nw takes a decimal number)"},
+      {"z12.nwx.ug2.nb2.pipe3", "(nw takes a decimal number)"},
+      {"z12.nw8.ug2.nb2.pipe3.s-1", "field 's-1' is not one of"},
+      {"z12.nw+8.ug2.nb2.pipe3", "field 'nw+8'"},
+      {"z12.nw 8.ug2.nb2.pipe3", "field 'nw 8'"},
+      {"z12.nw8 .ug2.nb2.pipe3", "field 'nw8 '"},
+      {"z12.nw0x8.ug2.nb2.pipe3", "field 'nw0x8'"},
+      {"z12.nw8.ug2.5.nb2.pipe3", "field '5'"},
+      {"z12.nw8.ug2.nb2.pipe3.s99999999999", "(s takes a decimal number)"},
+      {"z12.nw8.ug2.nb2.pipe1e1", "(pipe takes a decimal number)"},
+      // Duplicates.
+      {"z12.nw8.ug2.nb2.pipe3.nw4", "field nw given twice"},
+      {"z12.nw8.ug2.nb2.pipe3.s1.s2", "field s given twice"},
+      {"z12.nw8.ug2.ug2.nb2.pipe3", "field ug given twice"},
+      // Missing fields (s alone may be left out).
+      {"z12", "missing field nw<N>"},
+      {"z12.ug2.nb2.pipe3.s1", "missing field nw<N>"},
+      {"z12.nw8.nb2.pipe3.s1", "missing field ug<N>"},
+      {"z12.nw8.ug2.pipe3.s1", "missing field nb<N>"},
+      {"z12.nw8.ug2.nb2.s1", "missing field pipe<N>"},
+      // Well-formed text, values out of range.
+      {"z12.nw0.ug2.nb1.pipe3", "NW must be in 1..32 (got 0)"},
+      {"z12.nw33.ug2.nb1.pipe3", "NW must be in 1..32 (got 33)"},
+      {"z12.nw8.ug0.nb1.pipe3", "UG must be in 1..8 (got 0)"},
+      {"z12.nw8.ug9.nb1.pipe3", "UG must be in 1..8 (got 9)"},
+      {"bf16.nw8.ug2.nb0.pipe3", "NB must be in 1..4 (got 0)"},
+      {"bf16.nw8.ug2.nb5.pipe3", "NB must be in 1..4 (got 5)"},
+      {"z12.nw8.ug2.nb2.pipe4", "PIPE must be 0, 1, 2 or 3 (got 4)"},
+      {"z12.nw8.ug2.nb2.pipe3.s0", "S must be at least 1 (got 0)"},
+      {"z12.nw2.ug2.nb4.pipe3", "NW >= NB is required"},
+  };
+  for (const ParseErrorCase& c : cases) {
+    absl::StatusOr<KernelConfig> parsed = KernelConfig::Parse(c.text);
+    ASSERT_FALSE(parsed.ok()) << "'" << c.text << "' parsed as " << parsed->ToString();
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.text;
+    EXPECT_CONTAINS(Msg(parsed.status()), c.message) << "text '" << c.text << "'";
+  }
+}
+
+TEST(ConfigTest, SplitsDefaultToOne) {
+  absl::StatusOr<KernelConfig> c = KernelConfig::Parse("z12.nw4.ug1.nb1.pipe2");
+  ASSERT_TRUE(c.ok()) << Msg(c.status());
+  EXPECT_EQ(c->splits, 1);
+  EXPECT_EQ(c->ToString(), "z12.nw4.ug1.nb1.pipe2.s1");
+}
+
+TEST(ConfigTest, ValidateConfigChecksEveryRange) {
+  struct Case {
+    KernelConfig config;
+    const char* message;
+  };
+  const Case cases[] = {
+      {{WeightFormat::kZ12, 0, 2, 1, 3, 1}, "NW must be in 1..32 (got 0)"},
+      {{WeightFormat::kZ12, 33, 2, 1, 3, 1}, "NW must be in 1..32 (got 33)"},
+      {{WeightFormat::kZ12, 8, 0, 1, 3, 1}, "UG must be in 1..8 (got 0)"},
+      {{WeightFormat::kBf16, 8, 9, 1, 3, 1}, "UG must be in 1..8 (got 9)"},
+      {{WeightFormat::kZ12, 8, 2, 0, 3, 1}, "NB must be in 1..4 (got 0)"},
+      {{WeightFormat::kZ12, 8, 2, 5, 3, 1}, "NB must be in 1..4 (got 5)"},
+      {{WeightFormat::kZ12, 8, 2, 1, -1, 1}, "PIPE must be 0, 1, 2 or 3 (got -1)"},
+      {{WeightFormat::kZ12, 8, 2, 1, 4, 1}, "PIPE must be 0, 1, 2 or 3 (got 4)"},
+      {{WeightFormat::kZ12, 8, 2, 1, 3, 0}, "S must be at least 1 (got 0)"},
+      {{WeightFormat::kZ12, 8, 2, 1, 3, -3}, "S must be at least 1 (got -3)"},
+      {{WeightFormat::kZ12, 3, 2, 4, 3, 1},
+       "NW >= NB is required: the first NB warps do the final reduction (NW=3, NB=4)"},
+      {{WeightFormat::kBf16, 1, 1, 2, 0, 1}, "NW >= NB is required"},
+  };
+  for (const Case& c : cases) {
+    const absl::Status st = ValidateConfig(c.config);
+    ASSERT_FALSE(st.ok()) << c.message;
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_CONTAINS(Msg(st), c.message);
+    EXPECT_CONTAINS(Msg(st), absl::StrCat("configuration ", c.config.ToString(), " is invalid"));
+    // Validate applies the same rules first.
+    const absl::Status full = Validate(c.config, GemvShape{1, 4096, 4096});
+    EXPECT_CONTAINS(Msg(full), c.message);
+  }
+  // The edges of every range are accepted.
+  for (int nw : {1, 32}) {
+    for (int ug : {1, 8}) {
+      for (int pipe : {0, 3}) {
+        const KernelConfig c{WeightFormat::kBf16, nw, ug, 1, pipe, 1};
+        EXPECT_TRUE(ValidateConfig(c).ok()) << c.ToString();
+      }
+    }
+  }
+  EXPECT_TRUE(ValidateConfig(KernelConfig{WeightFormat::kZ12, 4, 1, 4, 0, 1 << 30}).ok());
+}
+
+TEST(ConfigTest, SharedMemoryMatchesTheKernelsArrays) {
+  // red[NW][NB*32] float4 + s_last; z12 adds ecorr[16][NB*8+1] float and two ints.
+  const KernelConfig z{WeightFormat::kZ12, 8, 2, 2, 3, 1};
+  EXPECT_EQ(z.shared_bytes(), 8 * 2 * 32 * 16 + 16 * (2 * 8 + 1) * 4 + 8 + 4);
+  const KernelConfig b{WeightFormat::kBf16, 8, 2, 2, 3, 1};
+  EXPECT_EQ(b.shared_bytes(), 8 * 2 * 32 * 16 + 4);
+  EXPECT_EQ(z.threads(), 9 * 32);  // the exception warp
+  EXPECT_EQ(b.threads(), 8 * 32);
+  EXPECT_EQ(z.tokens_per_launch(), 16);
+}
+
+// A configuration and shape that pass every rule; each case below breaks exactly one.
+constexpr KernelConfig kGood{WeightFormat::kZ12, 8, 2, 2, 3, 2};
+constexpr GemvShape kGoodShape{16, 4096, 8192};
+
+void ExpectRule(const KernelConfig& c, const GemvShape& s, const std::string& rule,
+                const DeviceLimits& limits = DefaultDeviceLimits()) {
+  const absl::Status st = Validate(c, s, limits);
+  ASSERT_FALSE(st.ok()) << c.ToString() << " " << s.ToString() << " should break: " << rule;
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(Msg(st), rule);
+  EXPECT_CONTAINS(Msg(st), absl::StrCat("configuration ", c.ToString(), " for ", s.ToString(),
+                                        " is invalid: "));
+}
+
+TEST(ValidateTest, TheBaselinePasses) {
+  EXPECT_TRUE(Validate(kGood, kGoodShape).ok()) << Msg(Validate(kGood, kGoodShape));
+  EXPECT_EQ(DefaultDeviceLimits().max_threads_per_block, 1024);
+  EXPECT_EQ(DefaultDeviceLimits().max_shared_per_block, 48 * 1024);
+  EXPECT_EQ(DefaultDeviceLimits().sm_count, 132);
+}
+
+TEST(ValidateTest, KMustBeDivisibleBy64TimesSTimesNwTimesUg) {
+  // 64*S*NW*UG = 64*2*8*2 = 2048; 8192 + 1024 is a multiple of 64 but not of 2048.
+  ExpectRule(kGood, GemvShape{16, 4096, 9216}, "K must be divisible by 64*S*NW*UG = 2048");
+  KernelConfig c = kGood;
+  c.splits = 3;
+  ExpectRule(c, kGoodShape, "K must be divisible by 64*S*NW*UG = 3072");
+  c = kGood;
+  c.nw = 6;
+  ExpectRule(c, kGoodShape, "K must be divisible by 64*S*NW*UG = 1536");
+  c.splits = 1;
+  c.ug = 1;
+  EXPECT_TRUE(Validate(c, GemvShape{16, 4096, 64 * 6 * 7}).ok());
+  // K per warp below one group: a quantum larger than K.
+  ExpectRule(kGood, GemvShape{16, 4096, 1024}, "K must be divisible by 64*S*NW*UG = 2048");
+}
+
+TEST(ValidateTest, RandomShapesFollowTheDivisibilityRule) {
+  const uint64_t seed = Seed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 5000; ++i) {
+    KernelConfig c = RandomValidConfig(rng);
+    c.nw = c.nb + static_cast<int>(rng() % (16 - c.nb + 1));
+    c.ug = 1 + static_cast<int>(rng() % 4);
+    c.splits = 1 + static_cast<int>(rng() % 8);
+    const GemvShape s{1 + static_cast<int64_t>(rng() % (8 * c.nb)),
+                      16 * (1 + static_cast<int64_t>(rng() % 2048)),
+                      64 * (1 + static_cast<int64_t>(rng() % 1024))};
+    const int64_t quantum = int64_t{64} * c.splits * c.nw * c.ug;
+    const absl::Status st = Validate(c, s);
+    if (s.k % quantum == 0) {
+      EXPECT_TRUE(st.ok()) << Msg(st);
+    } else {
+      EXPECT_CONTAINS(Msg(st), absl::StrCat("64*S*NW*UG = ", quantum)) << Msg(st);
+    }
+  }
+}
+
+TEST(ValidateTest, NwAtLeastNb) {
+  // A rule of the configuration alone: the message names the configuration, not the shape.
+  const KernelConfig c{WeightFormat::kZ12, 2, 1, 3, 3, 1};
+  const absl::Status st = Validate(c, GemvShape{17, 4096, 4096});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(Msg(st),
+                  "configuration z12.nw2.ug1.nb3.pipe3.s1 is invalid: NW >= NB is "
+                  "required: the first NB warps do the final reduction (NW=2, NB=3)");
+  EXPECT_TRUE(
+      Validate(KernelConfig{WeightFormat::kZ12, 3, 1, 3, 3, 1}, GemvShape{17, 4096, 64 * 3 * 16})
+          .ok());
+}
+
+TEST(ValidateTest, ThreadsPerBlock) {
+  // z12 adds the exception warp: 32 streaming warps make 33 * 32 = 1056 threads.
+  const KernelConfig z{WeightFormat::kZ12, 32, 1, 1, 3, 1};
+  ExpectRule(z, GemvShape{1, 4096, 4096}, "threads per block 1056 exceed the device limit 1024");
+  const KernelConfig b{WeightFormat::kBf16, 32, 1, 1, 3, 1};
+  EXPECT_TRUE(Validate(b, GemvShape{1, 4096, 4096}).ok());
+  DeviceLimits small;
+  small.max_threads_per_block = 256;
+  ExpectRule(kGood, kGoodShape, "threads per block 288 exceed the device limit 256", small);
+  const KernelConfig b8{WeightFormat::kBf16, 8, 2, 2, 3, 2};
+  EXPECT_TRUE(Validate(b8, kGoodShape, small).ok());
+}
+
+TEST(ValidateTest, StaticSharedMemoryOver48KiB) {
+  // 24 warps x 4 token blocks: red alone is 24 * 4 * 32 * 16 = 48 KiB.
+  const KernelConfig c{WeightFormat::kZ12, 24, 1, 4, 3, 1};
+  ExpectRule(c, GemvShape{32, 4096, 64 * 24},
+             absl::StrCat("static shared memory ", c.shared_bytes(), " bytes exceeds 49152"));
+  const KernelConfig fits{WeightFormat::kZ12, 20, 1, 4, 3, 1};
+  EXPECT_LE(fits.shared_bytes(), 48 * 1024);
+  EXPECT_TRUE(Validate(fits, GemvShape{32, 4096, 64 * 20}).ok());
+  DeviceLimits small;
+  small.max_shared_per_block = 8 * 1024;
+  ExpectRule(kGood, kGoodShape, "exceeds 8192 (lower NW or NB)", small);
+}
+
+TEST(ValidateTest, RowsPerLaunch) {
+  for (int nb = 1; nb <= 4; ++nb) {
+    const KernelConfig c{WeightFormat::kBf16, 4, 1, nb, 3, 1};
+    for (int64_t m = 1; m <= 8 * nb; ++m) {
+      EXPECT_TRUE(Validate(c, GemvShape{m, 4096, 4096}).ok()) << c.ToString() << " m" << m;
+    }
+    ExpectRule(c, GemvShape{8 * nb + 1, 4096, 4096},
+               absl::StrCat("m must be in 1..8*NB = ", 8 * nb, " per launch"));
+    ExpectRule(c, GemvShape{0, 4096, 4096}, "m must be in 1..8*NB");
+    ExpectRule(c, GemvShape{-5, 4096, 4096}, "m must be in 1..8*NB");
+  }
+}
+
+TEST(ValidateTest, NMultipleOf16) {
+  for (int64_t n : {0, -16, 8, 24, 4104}) {
+    ExpectRule(kGood, GemvShape{16, n, 8192}, "N must be a positive multiple of 16");
+  }
+  EXPECT_TRUE(Validate(kGood, GemvShape{16, 16, 8192}).ok());
+}
+
+TEST(ValidateTest, KMultipleOf64) {
+  for (int64_t k : {0, -64, 32, 96, 8192 + 32}) {
+    ExpectRule(kGood, GemvShape{16, 4096, k}, "K must be a positive multiple of 64");
+  }
+}
+
+TEST(ValidateTest, KernelIntArguments) {
+  const KernelConfig c{WeightFormat::kBf16, 1, 1, 1, 3, 1};
+  ExpectRule(c, GemvShape{1, int64_t{1} << 31, 64}, "N and K must be below 2^31");
+  ExpectRule(c, GemvShape{1, 16, int64_t{1} << 32}, "N and K must be below 2^31");
+}
+
+TEST(ValidateTest, GridLimits) {
+  DeviceLimits limits;
+  limits.max_grid_x = 100;  // 100 row blocks of 16
+  ExpectRule(kGood, GemvShape{16, 16 * 101, 8192}, "N/16 row blocks exceed the grid's x limit",
+             limits);
+  EXPECT_TRUE(Validate(kGood, GemvShape{16, 16 * 100, 8192}, limits).ok());
+  limits = DeviceLimits{};
+  limits.max_grid_y = 1;
+  ExpectRule(kGood, kGoodShape, "S exceeds the grid's y limit", limits);
+  KernelConfig s1 = kGood;
+  s1.splits = 1;
+  EXPECT_TRUE(Validate(s1, kGoodShape, limits).ok());
+}
+
+}  // namespace
+}  // namespace gemvz
