@@ -21,30 +21,36 @@ struct JitCounters {
   int64_t disk_writes = 0;  // entries published to disk
   int64_t disk_rejects = 0; // corrupt, truncated or mismatched entries removed
   int64_t module_loads = 0; // cuModuleLoadData calls
+  int64_t compile_failures = 0;  // NVRTC compilations that failed
+  int64_t flight_waits = 0;      // requests that waited for another thread's compile of their key
 };
 JitCounters GetJitCounters();
 void ResetJitCounters();
 
 // The disk cache directory in use: GEMVZ_CACHE_DIR, else $XDG_CACHE_HOME/gemvz, else
-// ~/.cache/gemvz. Empty when GEMVZ_DISABLE_DISK_CACHE=1.
+// ~/.cache/gemvz. Empty when GEMVZ_DISABLE_DISK_CACHE=1 (or no home directory is known).
+// Read from the environment at every call. Entries live in <dir>/kernels, at most
+// GEMVZ_CACHE_MAX_BYTES (default 1 GiB; "512M" etc. accepted), least recently used evicted first.
 std::string CacheDirectory();
 
 // What precompiling one configuration did.
 struct PrecompileResult {
   KernelConfig config;
   std::string arch;
-  bool from_disk = false;  // a hit: nothing was compiled
+  bool from_disk = false;  // a hit (disk, or memory in this process): nothing was compiled
   double millis = 0;       // wall time of this request
   int registers = -1;
   int spill_bytes = -1;
   int shared_bytes = -1;
 };
 
-// Compiles (or finds on disk) one configuration for `arch` ("sm_90", "sm_90a", ...).
+// Compiles (or finds on disk) one configuration for `arch` ("sm_90", "sm_90a", ...; empty: the
+// architecture of GPU 0, else sm_90).
 absl::StatusOr<PrecompileResult> Precompile(const KernelConfig& config, const std::string& arch);
 
 // Precompiles many in parallel on `threads` workers (0: all cores), calling `progress` after each
-// (done, total, result) from a worker thread. Returns every result, or the first error.
+// (done, total, result) from a worker thread (one call at a time). Returns every result in the
+// order of `configs`, or the first error (then no new configuration is started).
 absl::StatusOr<std::vector<PrecompileResult>> PrecompileAll(
     const std::vector<KernelConfig>& configs, const std::string& arch, int threads,
     const std::function<void(int done, int total, const PrecompileResult&)>& progress = nullptr);

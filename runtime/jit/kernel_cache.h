@@ -5,12 +5,21 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "gemvz/config.h"
+#include "gemvz/runtime.h"
+#include "runtime/jit/nvrtc_compiler.h"
 
 namespace gemvz::internal {
 
@@ -28,6 +37,7 @@ struct CompiledKernel {
   int shared_bytes = -1;
   double compile_ms = 0;      // NVRTC time when it was compiled
   bool from_disk = false;     // true when this request was served from the disk cache
+  std::string log;            // NVRTC's program log: the ptxas report (-v)
 };
 
 // Compiles (or fetches) the kernel of `config` (splits ignored) for `arch` ("sm_90" etc.).
@@ -52,9 +62,110 @@ absl::StatusOr<LoadedKernel> GetKernel(int device, const KernelConfig& config);
 
 namespace gemvz::internal {
 
+class DiskCache;  // disk_cache.h
+
 // Any kernel of the embedded sources by name expression, for tools (the bandwidth probe of
 // `gemvz bench`): the source is `#include "<source_file>"`, compiled and cached like the rest.
 absl::StatusOr<LoadedKernel> GetKernelByName(int device, std::string_view source_file,
                                              std::string_view name_expression);
+
+// ---------------------------------------------------------------------------------------------
+// The machinery behind the functions above. The process uses one KernelCache (Default());
+// tests build their own with their own sources, directory and options.
+
+// What a kernel of `config` is called in source: the file and the name expression.
+CompileRequest RequestForConfig(const KernelConfig& config, std::string_view arch);
+
+// Where one request was served from.
+enum class CacheSource { kMemory, kDisk, kCompiled };
+std::string_view CacheSourceName(CacheSource source);  // "memory" / "disk" / "compiled"
+
+struct KernelCacheOptions {
+  // The headers NVRTC sees; null: the embedded kernel_sources/.
+  std::shared_ptr<const SourceSet> sources;
+  // The disk cache root; nullopt: CacheDirectory(), re-read at every miss so that the
+  // environment decides; "": no disk cache.
+  std::optional<std::string> disk_directory;
+  // The disk size cap; nullopt: GEMVZ_CACHE_MAX_BYTES or 1 GiB, re-read at every write.
+  std::optional<int64_t> max_disk_bytes;
+  // Options appended to the canonical ones (and so part of the key); nullopt: the
+  // whitespace-separated GEMVZ_NVRTC_OPTIONS, read when the cache is made.
+  std::optional<std::vector<std::string>> extra_options;
+  // The dump directory for sources, PTX and ptxas reports; nullopt: GEMVZ_DUMP_DIR at each compile.
+  std::optional<std::string> dump_directory;
+};
+
+class KernelCache {
+ public:
+  explicit KernelCache(KernelCacheOptions options = {});
+  KernelCache(const KernelCache&) = delete;
+  KernelCache& operator=(const KernelCache&) = delete;
+  ~KernelCache();
+
+  // The process-wide cache behind GetCompiledKernel / GetKernel / Precompile.
+  static KernelCache& Default();
+
+  // Memory, then disk, then NVRTC; one compile per key however many threads ask at once.
+  absl::StatusOr<std::shared_ptr<const CompiledKernel>> Get(const CompileRequest& request,
+                                                            CacheSource* source = nullptr);
+  // Validates the configuration first (no NVRTC for an invalid one).
+  absl::StatusOr<std::shared_ptr<const CompiledKernel>> GetForConfig(
+      const KernelConfig& config, std::string_view arch, CacheSource* source = nullptr);
+
+  // Compiled (as above) and loaded on `device`'s primary context, cached per (device, request).
+  absl::StatusOr<LoadedKernel> Load(int device, const CompileRequest& request);
+  // The same keyed by configuration, with a lookup that allocates nothing on a hit.
+  absl::StatusOr<LoadedKernel> LoadForConfig(int device, const KernelConfig& config);
+
+  // The cache key `request` has here (no compile, no disk access).
+  absl::StatusOr<std::string> KeyFor(const CompileRequest& request) const;
+  // The options NVRTC gets (the canonical ones, part of the key).
+  std::vector<std::string> Options(std::string_view arch) const;
+  const SourceSet& sources() const { return *sources_; }
+  // The disk cache root in use now ("" when none).
+  std::string DiskDirectory() const;
+
+  JitCounters counters() const;
+  void ResetCounters();
+
+  // Forgets every compiled kernel and loaded function held in memory, so the next request goes
+  // to the disk cache (tests: "a new process hits disk"). Loaded modules stay loaded, so that
+  // CUfunctions handed out earlier remain valid.
+  void DropMemoryForTesting();
+
+ private:
+  struct Flight;
+  struct Counters {
+    std::atomic<int64_t> memory_hits{0}, disk_hits{0}, compiles{0}, disk_writes{0},
+        disk_rejects{0}, module_loads{0}, compile_failures{0}, flight_waits{0};
+  };
+
+  std::string RequestId(const CompileRequest& request) const;
+  absl::StatusOr<std::shared_ptr<const CompiledKernel>> Produce(const CompileRequest& request,
+                                                                CacheSource* source);
+  DiskCache* DiskFor(const std::string& directory);
+  void Dump(const CompileRequest& request, const CompiledKernel& kernel) const;
+  absl::StatusOr<LoadedKernel> LoadCompiled(int device,
+                                            std::shared_ptr<const CompiledKernel> compiled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
+
+  const KernelCacheOptions options_;
+  const std::shared_ptr<const SourceSet> sources_;
+  const std::vector<std::string> extra_options_;
+  Counters counters_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const CompiledKernel>> compiled_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<DiskCache>> disks_ ABSL_GUARDED_BY(mu_);
+
+  // Loaded functions: looked up on every launch, so under a reader lock of their own.
+  mutable absl::Mutex load_mu_;
+  absl::flat_hash_map<std::pair<int, std::string>, LoadedKernel> loaded_ ABSL_GUARDED_BY(load_mu_);
+  absl::flat_hash_map<std::pair<int, KernelConfig>, LoadedKernel> loaded_configs_
+      ABSL_GUARDED_BY(load_mu_);
+  std::vector<std::pair<int, CUmodule>> modules_ ABSL_GUARDED_BY(load_mu_);
+};
 
 }  // namespace gemvz::internal

@@ -1,0 +1,100 @@
+// include/gemvz/runtime.h: the cache directory, counters and warm-up, over KernelCache::Default().
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "gemvz/runtime.h"
+#include "runtime/common/env.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/cuda/driver.h"
+#include "runtime/jit/kernel_cache.h"
+
+namespace gemvz {
+
+JitCounters GetJitCounters() { return internal::KernelCache::Default().counters(); }
+void ResetJitCounters() { internal::KernelCache::Default().ResetCounters(); }
+
+std::string CacheDirectory() {
+  using internal::GetEnv;
+  if (internal::GetEnvBool("GEMVZ_DISABLE_DISK_CACHE", false)) return "";
+  if (std::optional<std::string> dir = GetEnv("GEMVZ_CACHE_DIR")) return *dir;
+  // XDG says a relative XDG_CACHE_HOME is invalid and must be ignored.
+  if (std::optional<std::string> xdg = GetEnv("XDG_CACHE_HOME"); xdg && (*xdg)[0] == '/') {
+    return *xdg + "/gemvz";
+  }
+  const std::string home = internal::HomeDirectory();
+  if (home.empty()) return "";
+  return home + "/.cache/gemvz";
+}
+
+namespace {
+
+absl::StatusOr<std::string> ResolveArch(const std::string& arch) {
+  if (!arch.empty()) return arch;
+  if (internal::DeviceCount() > 0) return internal::DeviceArch(0);
+  return std::string("sm_90");
+}
+
+}  // namespace
+
+absl::StatusOr<PrecompileResult> Precompile(const KernelConfig& config, const std::string& arch) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(const std::string target, ResolveArch(arch));
+  internal::CacheSource source = internal::CacheSource::kCompiled;
+  ASSIGN_OR_RETURN(std::shared_ptr<const internal::CompiledKernel> kernel,
+                   internal::KernelCache::Default().GetForConfig(config, target, &source));
+  PrecompileResult r;
+  r.config = config;
+  r.arch = target;
+  r.from_disk = source != internal::CacheSource::kCompiled;
+  r.millis =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  r.registers = kernel->registers;
+  r.spill_bytes = kernel->spill_bytes;
+  r.shared_bytes = kernel->shared_bytes;
+  return r;
+}
+
+absl::StatusOr<std::vector<PrecompileResult>> PrecompileAll(
+    const std::vector<KernelConfig>& configs, const std::string& arch, int threads,
+    const std::function<void(int done, int total, const PrecompileResult&)>& progress) {
+  // Check everything before starting any work: a typo at line 40 should not cost 39 compiles.
+  for (const KernelConfig& c : configs) RETURN_IF_ERROR(ValidateConfig(c));
+  ASSIGN_OR_RETURN(const std::string target, ResolveArch(arch));
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::max(1, std::min<int>(threads, static_cast<int>(configs.size())));
+
+  std::vector<PrecompileResult> results(configs.size());
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  absl::Mutex mu;
+  absl::Status first_error;  // guarded by mu
+  int done = 0;              // guarded by mu
+  auto worker = [&] {
+    while (!failed.load()) {
+      const size_t i = next.fetch_add(1);
+      if (i >= configs.size()) return;
+      absl::StatusOr<PrecompileResult> r = Precompile(configs[i], target);
+      absl::MutexLock lock(&mu);
+      if (!r.ok()) {
+        if (first_error.ok()) first_error = r.status();
+        failed.store(true);
+        return;
+      }
+      results[i] = *r;
+      ++done;
+      // Under the lock: callbacks never overlap and see `done` in order.
+      if (progress) progress(done, static_cast<int>(configs.size()), results[i]);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  if (!first_error.ok()) return first_error;
+  return results;
+}
+
+}  // namespace gemvz

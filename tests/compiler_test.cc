@@ -1,0 +1,190 @@
+// NVRTC compiler: real kernels compile for sm_90 without a GPU into cubin + PTX holding the
+// tensor-core and byte-permute instructions; failures carry log, options and configuration;
+// ptxas statistics are parsed; architectures are checked.
+#include "runtime/jit/nvrtc_compiler.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gemvz/config.h"
+#include "gtest/gtest.h"
+#include "runtime/jit/kernel_cache.h"
+#include "tests/support/jit_test_util.h"
+
+namespace gemvz::internal {
+namespace {
+
+using ::gemvz::jit_test::RandomValidConfig;
+using ::gemvz::jit_test::Rng;
+using ::gemvz::jit_test::StandInSources;
+
+CompiledKernel CompileOrDie(const KernelConfig& config, const std::string& arch,
+                            const SourceSet& sources) {
+  const CompileRequest request = RequestForConfig(config, arch);
+  absl::StatusOr<CompiledKernel> k = CompileWithNvrtc(request, sources, CanonicalOptions(arch, {}));
+  EXPECT_TRUE(k.ok()) << k.status();
+  return k.ok() ? *std::move(k) : CompiledKernel{};
+}
+
+TEST(CompilerTest, RealZ12KernelForSm90HasMmaAndPrmt) {
+  const SourceSet& sources = *SourceSet::Embedded();
+  ASSERT_NE(sources.Find("z12_gemv.cuh"), nullptr) << "embedded: " << sources.Names();
+  KernelConfig config;  // z12.nw8.ug2.nb2.pipe3
+  const CompiledKernel k = CompileOrDie(config, "sm_90", sources);
+  EXPECT_FALSE(k.cubin.empty());
+  // An ELF image for the GPU.
+  ASSERT_GE(k.cubin.size(), 4u);
+  EXPECT_EQ(k.cubin.substr(0, 4), "\x7f" "ELF");
+  EXPECT_NE(k.ptx.find("mma.sync"), std::string::npos);
+  EXPECT_NE(k.ptx.find("prmt"), std::string::npos);
+  EXPECT_NE(k.ptx.find(".target sm_90"), std::string::npos);
+  EXPECT_NE(k.ptx.find(k.lowered_name), std::string::npos);
+  EXPECT_EQ(k.lowered_name.rfind("_Z", 0), 0u) << k.lowered_name;
+  EXPECT_GT(k.registers, 0);
+  EXPECT_EQ(k.spill_bytes, 0) << k.log;
+  EXPECT_GT(k.shared_bytes, 0);
+  EXPECT_GT(k.compile_ms, 0);
+  std::printf("real %s for sm_90: %.1f ms, %d registers, %d spill bytes, %d bytes smem\n",
+              config.KernelName().c_str(), k.compile_ms, k.registers, k.spill_bytes,
+              k.shared_bytes);
+}
+
+TEST(CompilerTest, RealBf16KernelForSm90aCompiles) {
+  const SourceSet& sources = *SourceSet::Embedded();
+  ASSERT_NE(sources.Find("bf16_gemv.cuh"), nullptr) << "embedded: " << sources.Names();
+  KernelConfig config;
+  config.format = WeightFormat::kBf16;
+  const CompiledKernel k = CompileOrDie(config, "sm_90a", sources);
+  EXPECT_NE(k.ptx.find(".target sm_90a"), std::string::npos);
+  EXPECT_NE(k.ptx.find("mma.sync"), std::string::npos);
+  EXPECT_EQ(k.arch, "sm_90a");
+  EXPECT_GT(k.registers, 0);
+}
+
+TEST(CompilerTest, RandomConfigurationsCompileAndKeepTheirTemplateArguments) {
+  auto sources = StandInSources();
+  for (int i = 0; i < 3; ++i) {
+    const KernelConfig config = RandomValidConfig(Rng());
+    SCOPED_TRACE(config.ToString());
+    const CompiledKernel k = CompileOrDie(config, "sm_90", *sources);
+    // Itanium mangling of <NW, UG, NB, PIPE>: ILi8ELi2ELi2ELi3EE.
+    const std::string args = absl::StrFormat("ILi%dELi%dELi%dELi%dEE", config.nw, config.ug,
+                                             config.nb, config.pipe);
+    EXPECT_NE(k.lowered_name.find(args), std::string::npos) << k.lowered_name;
+    EXPECT_EQ(k.kernel_name, config.KernelName());
+    EXPECT_NE(k.ptx.find("mma.sync"), std::string::npos);
+  }
+}
+
+TEST(CompilerTest, FailedCompileCarriesLogOptionsAndConfiguration) {
+  auto files = jit_test::StandInKernelFiles();
+  for (auto& [name, text] : files) {
+    if (name == "z12_gemv.cuh") text += "\nthis_is_not_cuda_code_" + std::to_string(Rng()() % 1000) + ";\n";
+  }
+  auto sources = SourceSet::FromFiles(files);
+  KernelConfig config;
+  config.nw = 6;
+  config.nb = 3;
+  const CompileRequest request = RequestForConfig(config, "sm_90");
+  absl::StatusOr<CompiledKernel> k =
+      CompileWithNvrtc(request, *sources, CanonicalOptions("sm_90", {}));
+  ASSERT_FALSE(k.ok());
+  const std::string msg(k.status().message());
+  EXPECT_NE(msg.find("z12.nw6.ug2.nb3.pipe3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gemvz_z12_kernel<6, 2, 3, 3>"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--gpu-architecture=sm_90"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("-std=c++17"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("this_is_not_cuda_code_"), std::string::npos) << "no log in: " << msg;
+  EXPECT_NE(msg.find("error"), std::string::npos) << msg;
+}
+
+TEST(CompilerTest, MissingIncludeFailsWithoutTouchingTheFileSystem) {
+  // Only in-memory headers exist: a file that is not embedded must not be found anywhere.
+  CompileRequest request;
+  request.arch = "sm_90";
+  request.source_file = "no_such_file.cuh";
+  request.name_expression = "gemvz_z12_kernel<8, 2, 2, 3>";
+  request.kernel_name = "missing";
+  absl::StatusOr<CompiledKernel> k =
+      CompileWithNvrtc(request, *StandInSources(), CanonicalOptions("sm_90", {}));
+  ASSERT_FALSE(k.ok());
+  EXPECT_NE(std::string(k.status().message()).find("no_such_file.cuh"), std::string::npos);
+}
+
+TEST(CompilerTest, OptionsAreFixedAndNeverFastMath) {
+  const std::vector<std::string> o = CanonicalOptions("sm_90a", {"-maxrregcount=64"});
+  ASSERT_FALSE(o.empty());
+  EXPECT_EQ(o.front(), "--gpu-architecture=sm_90a");
+  EXPECT_NE(std::find(o.begin(), o.end(), "-std=c++17"), o.end());
+  EXPECT_EQ(o.back(), "-maxrregcount=64");
+  for (const std::string& s : o) {
+    EXPECT_EQ(s.find("fast-math"), std::string::npos) << s;
+    EXPECT_EQ(s.find("fast_math"), std::string::npos) << s;
+    EXPECT_EQ(s.find("-I"), std::string::npos) << "machine paths must stay out of the key: " << s;
+  }
+  EXPECT_EQ(CanonicalOptions("sm_90a", {}), CanonicalOptions("sm_90a", {}));
+}
+
+TEST(CompilerTest, ArchitecturesAreChecked) {
+  EXPECT_TRUE(CheckArch("sm_90").ok());
+  EXPECT_TRUE(CheckArch("sm_90a").ok());
+  EXPECT_TRUE(CheckArch("sm_80").ok());
+  for (const char* bad : {"", "sm90", "sm_", "compute_90", "sm_90b", "SM_90", "sm_9x", "sm_12345"}) {
+    absl::Status st = CheckArch(bad);
+    EXPECT_FALSE(st.ok()) << bad;
+    EXPECT_NE(std::string(st.message()).find(absl::StrCat("'", bad, "'")), std::string::npos)
+        << st;
+  }
+  EXPECT_FALSE(CheckArch("sm_70").ok());  // no bf16 mma
+}
+
+TEST(CompilerTest, PtxasReportIsParsedForTheRightFunction) {
+  const int regs = 20 + static_cast<int>(Rng()() % 200);
+  const int stores = static_cast<int>(Rng()() % 100), loads = static_cast<int>(Rng()() % 100);
+  const int smem = static_cast<int>(Rng()() % 40000);
+  const std::string log = absl::StrCat(
+      "ptxas info    : 0 bytes gmem\n"
+      "ptxas info    : Compiling entry function '_Z5otherv' for 'sm_90'\n"
+      "ptxas info    : Function properties for _Z5otherv\n"
+      "ptxas         .     0 bytes stack frame, 999 bytes spill stores, 999 bytes spill loads\n"
+      "ptxas info    : Used 255 registers, used 1 barriers, 999 bytes smem\n"
+      "ptxas info    : Compiling entry function '_Z4minev' for 'sm_90'\n"
+      "ptxas info    : Function properties for _Z4minev\n"
+      "ptxas         .     8 bytes stack frame, ", stores, " bytes spill stores, ", loads,
+      " bytes spill loads\n"
+      "ptxas info    : Used ", regs, " registers, used 1 barriers, ", smem,
+      " bytes smem, 400 bytes cmem[0]\n");
+  const PtxasStats s = ParsePtxasLog(log, "_Z4minev");
+  EXPECT_EQ(s.registers, regs);
+  EXPECT_EQ(s.spill_bytes, stores + loads);
+  EXPECT_EQ(s.shared_bytes, smem);
+  const PtxasStats none = ParsePtxasLog(log, "_Z7missingv");
+  EXPECT_EQ(none.registers, -1);
+  // No "smem" means none.
+  const PtxasStats no_smem = ParsePtxasLog(
+      "ptxas info    : Compiling entry function 'k' for 'sm_90'\n"
+      "ptxas info    : Function properties for k\n"
+      "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 24 registers, used 0 barriers\n",
+      "k");
+  EXPECT_EQ(no_smem.registers, 24);
+  EXPECT_EQ(no_smem.shared_bytes, 0);
+  EXPECT_EQ(no_smem.spill_bytes, 0);
+}
+
+TEST(CompilerTest, GeneratedSourceIncludesTheKernelFileOnly) {
+  const std::string tu = GeneratedSource("z12_gemv.cuh");
+  EXPECT_NE(tu.find("#include \"z12_gemv.cuh\""), std::string::npos);
+  EXPECT_EQ(jit_test::CountOccurrences(tu, "#include"), 1);
+}
+
+TEST(CompilerTest, NvrtcVersionIsKnown) {
+  const std::string v = NvrtcVersionString();
+  EXPECT_NE(v, "unknown");
+  EXPECT_NE(v.find('.'), std::string::npos) << v;
+}
+
+}  // namespace
+}  // namespace gemvz::internal
