@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "gemvz/format.h"
 #include "gtest/gtest.h"
@@ -170,7 +171,7 @@ TEST(Format, PrmtAndLop3FollowPtx) {
   EXPECT_EQ(internal::EmulatePrmt(0x33221100u, 0x77665544u, 0x3210u), 0x33221100u);
   EXPECT_EQ(internal::EmulatePrmt(0x33221100u, 0x77665544u, 0x7654u), 0x77665544u);
   EXPECT_EQ(internal::EmulatePrmt(0x33221100u, 0x77665544u, 0x5140u), 0x55114400u);
-  EXPECT_EQ(internal::EmulatePrmt(0x800000FFu, 0, 0x0008u), 0x000000FFu);  // sign replicate of 0xFF
+  EXPECT_EQ(internal::EmulatePrmt(0x800000FFu, 0, 0x4448u), 0x000000FFu);  // sign replicate of 0xFF
   EXPECT_EQ(internal::EmulatePrmt(0x0000007Fu, 0, 0x8888u), 0x00000000u);
   // lop3 with 0xF8 is a | (b & c)
   EXPECT_EQ(internal::EmulateLop3(0x00F0F0F0u, 0xFF00FF00u, 0x0F0F0F0Fu, 0xF8), 0x0FF0FFF0u);
