@@ -62,6 +62,15 @@ __device__ __forceinline__ unsigned short float_to_bf16(float v) {
   return r;
 }
 
+// Stores one result as BF16 (round to nearest even) or, with `fp32`, as the FP32 sum itself.
+__device__ __forceinline__ void store_out(void* out, size_t idx, float v, bool fp32) {
+  if (fp32) {
+    static_cast<float*>(out)[idx] = v;
+  } else {
+    static_cast<unsigned short*>(out)[idx] = float_to_bf16(v);
+  }
+}
+
 __device__ __forceinline__ void add4(float4& r, const float4 v) {
   r.x += v.x;
   r.y += v.y;

@@ -11,7 +11,7 @@ struct Z12Params {
   const unsigned int* dense_block_offsets;  // [N/16 + 1] into dense_rows
   const unsigned char* dense_rows;          // row within the block
   const unsigned short* dense_values;       // [dense rows][K] original BF16
-  unsigned short* out;                      // [M][ldo] BF16
+  void* out;                                // [M][ldo] BF16, or FP32 with flags bit 1
   void* ws;                                 // split-K partials: [N/16][S][NB*32] float4
   int* sem;                                 // [N/16] arrival counters, zero between calls
   long long ldx;
@@ -19,18 +19,19 @@ struct Z12Params {
   int M, N, K, S;
   unsigned int tl, th;  // window lookup words
   int flags;            // bit 0: skip the corrections (to measure their cost; wrong results)
+                        // bit 1: out is FP32 (partial sums a caller reduces, e.g. tensor parallel)
 };
 
 // The same for a plain row-major BF16 W, padded to [N rounded up to 16][ldw >= K64].
 struct Bf16Params {
   const unsigned short* x;  // [M][ldx] BF16, ldx >= K rounded up to 64, zero-padded
   const unsigned short* w;  // [N16][ldw] BF16, zero-padded
-  unsigned short* out;      // [M][ldo] BF16
+  void* out;                // [M][ldo] BF16, or FP32 with flags bit 1
   void* ws;
   int* sem;
   long long ldx;
   long long ldo;
   long long ldw;
   int M, N, K, S;  // N: real rows (stores are guarded); K: padded to a multiple of 64
-  int flags;
+  int flags;       // bit 1: out is FP32
 };

@@ -218,7 +218,7 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
     for (int q = 0; q < 4; q++) {
       const int tok = nbo * 8 + 2 * t + (q & 1);
       const int row = rb * 16 + g + ((q >> 1) << 3);
-      if (tok < M) p.out[static_cast<size_t>(tok) * p.ldo + row] = float_to_bf16(rr[q]);
+      if (tok < M) store_out(p.out, static_cast<size_t>(tok) * p.ldo + row, rr[q], p.flags & 2);
     }
   }
 }

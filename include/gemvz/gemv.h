@@ -63,6 +63,11 @@ struct GemvOptions {
 absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t* out,
                   CUstream_st* stream, const GemvOptions& options = {});
 
+// The same with FP32 output: the unrounded sums, e.g. the partial outputs of an input-parallel
+// shard that a caller's all-reduce adds up before rounding.
+absl::Status GemvFp32(const DeviceMatrix& w, const uint16_t* x, int64_t m, float* out,
+                      CUstream_st* stream, const GemvOptions& options = {});
+
 // How a call would run: the configuration per chunk and where it came from.
 struct GemvPlan {
   KernelConfig config;

@@ -80,7 +80,7 @@ absl::StatusOr<GemvPlan> Autotune(const DeviceMatrix& w, const GemvShape& shape,
     const int64_t chunk = std::min<int64_t>(shape.m, c.tokens_per_launch());
     auto run = [&] {
       return LaunchPlanned(w, c, chunk, reinterpret_cast<const uint16_t*>(x.p), shape.m,
-                           reinterpret_cast<uint16_t*>(out.p), stream);
+                           reinterpret_cast<void*>(out.p), false, stream);
     };
     status = run();  // warm-up: loads the module, sizes the workspace
     if (!status.ok()) break;

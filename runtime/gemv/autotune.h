@@ -18,7 +18,8 @@ absl::StatusOr<GemvPlan> Autotune(const DeviceMatrix& w, const GemvShape& shape,
 
 // Launches `config` over all of m in chunks of chunk_m (the part of Gemv after planning).
 absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, int64_t chunk_m,
-                           const uint16_t* x, int64_t m, uint16_t* out, CUstream stream);
+                           const uint16_t* x, int64_t m, void* out, bool fp32_out,
+                           CUstream stream);
 
 // Gemv's planning with the choice of whether autotuning may run (never during graph capture).
 absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,

@@ -117,7 +117,8 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
 }
 
 absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, int64_t chunk_m,
-                           const uint16_t* x, int64_t m, uint16_t* out, CUstream stream) {
+                           const uint16_t* x, int64_t m, void* out, bool fp32_out,
+                           CUstream stream) {
   const DeviceMatrixState& s = *w.state();
   ASSIGN_OR_RETURN(auto scope, ScopedDeviceContext::Enter(s.device));
   ASSIGN_OR_RETURN(LoadedKernel kernel, GetKernel(s.device, config));
@@ -171,7 +172,7 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
       zp.dense_block_offsets = reinterpret_cast<const unsigned*>(s.dense_block_offsets);
       zp.dense_rows = reinterpret_cast<const unsigned char*>(s.dense_rows);
       zp.dense_values = reinterpret_cast<const unsigned short*>(s.dense_values);
-      zp.out = out + c0 * s.rows;
+      zp.out = static_cast<char*>(out) + c0 * s.rows * (fp32_out ? 4 : 2);
       zp.ws = reinterpret_cast<void*>(ws->ws);
       zp.sem = reinterpret_cast<int*>(ws->sem);
       zp.ldx = ldx;
@@ -182,12 +183,12 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
       zp.S = config.splits;
       zp.tl = s.tl;
       zp.th = s.th;
-      zp.flags = 0;
+      zp.flags = fp32_out ? 2 : 0;
       args[0] = &zp;
     } else {
       bp.x = xk + c0 * ldx;
       bp.w = reinterpret_cast<const unsigned short*>(s.plain);
-      bp.out = out + c0 * s.rows;
+      bp.out = static_cast<char*>(out) + c0 * s.rows * (fp32_out ? 4 : 2);
       bp.ws = reinterpret_cast<void*>(ws->ws);
       bp.sem = reinterpret_cast<int*>(ws->sem);
       bp.ldx = ldx;
@@ -197,7 +198,7 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
       bp.N = static_cast<int>(s.rows);
       bp.K = static_cast<int>(k64);
       bp.S = config.splits;
-      bp.flags = 0;
+      bp.flags = fp32_out ? 2 : 0;
       args[0] = &bp;
     }
     CU_RETURN_IF_ERROR(cuLaunchKernel(kernel.function, static_cast<unsigned>(row_blocks),
@@ -210,8 +211,10 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
 
 }  // namespace internal
 
-absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t* out,
-                  CUstream_st* stream, const GemvOptions& options) {
+namespace {
+
+absl::Status GemvAny(const DeviceMatrix& w, const uint16_t* x, int64_t m, void* out, bool fp32_out,
+                     CUstream_st* stream, const GemvOptions& options) {
   if (x == nullptr || out == nullptr) {
     return absl::InvalidArgumentError("Gemv: x and out must be device pointers, not null");
   }
@@ -225,7 +228,19 @@ absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t*
     capturing = capture != CU_STREAM_CAPTURE_STATUS_NONE;
   }
   ASSIGN_OR_RETURN(GemvPlan plan, internal::PlanGemvInternal(w, m, options, !capturing));
-  return internal::LaunchPlanned(w, plan.config, plan.chunk_m, x, m, out, stream);
+  return internal::LaunchPlanned(w, plan.config, plan.chunk_m, x, m, out, fp32_out, stream);
+}
+
+}  // namespace
+
+absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t* out,
+                  CUstream_st* stream, const GemvOptions& options) {
+  return GemvAny(w, x, m, out, false, stream, options);
+}
+
+absl::Status GemvFp32(const DeviceMatrix& w, const uint16_t* x, int64_t m, float* out,
+                      CUstream_st* stream, const GemvOptions& options) {
+  return GemvAny(w, x, m, out, true, stream, options);
 }
 
 absl::StatusOr<GemvPlan> PlanGemv(const DeviceMatrix& w, int64_t m, const GemvOptions& options) {
