@@ -223,6 +223,18 @@ absl::Status GemvAny(const DeviceMatrix& w, const uint16_t* x, int64_t m, void* 
   bool capturing = false;
   {
     ASSIGN_OR_RETURN(auto scope, internal::ScopedDeviceContext::Enter(w.device()));
+    if (stream != nullptr) {
+      // A DeviceMatrix belongs to one device: a stream of another device's context is refused.
+      CUcontext stream_ctx = nullptr;
+      CU_RETURN_IF_ERROR(cuStreamGetCtx(stream, &stream_ctx));
+      if (stream_ctx != scope.context()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Gemv: the matrix lives on device ", w.device(),
+            " but the stream belongs to another device's context; upload the matrix to that "
+            "device (DeviceMatrix::Upload(packed, device)) or use a stream of device ",
+            w.device()));
+      }
+    }
     CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
     CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream, &capture));
     capturing = capture != CU_STREAM_CAPTURE_STATUS_NONE;
