@@ -11,6 +11,7 @@
 #include "gemvz/runtime.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/driver.h"
+#include "runtime/jit/kernel_cache.h"
 #include "tests/support/gpu_util.h"
 #include "tests/support/random_weights.h"
 
