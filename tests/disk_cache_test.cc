@@ -1,0 +1,355 @@
+// Disk cache: entries round-trip, and every kind of damage (truncation, flipped bytes, wrong
+// key, bad magic or version) is detected; hits refresh the LRU clock; eviction removes the least
+// recently used first; an unwritable directory degrades with one warning; the directory comes
+// from the environment as documented.
+#include "runtime/jit/disk_cache.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gemvz/runtime.h"
+#include "gtest/gtest.h"
+#include "runtime/common/file_util.h"
+#include "runtime/common/hash.h"
+#include "tests/support/jit_test_util.h"
+
+namespace gemvz::internal {
+namespace {
+
+using ::gemvz::jit_test::CountOccurrences;
+using ::gemvz::jit_test::FileSize;
+using ::gemvz::jit_test::Rng;
+using ::gemvz::jit_test::ScopedEnv;
+using ::gemvz::jit_test::TempDir;
+
+std::string RandomBytes(size_t n) {
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(Rng()() & 0xff);
+  return s;
+}
+
+// A fake kernel with a fresh random key and random binary contents.
+CompiledKernel RandomKernel(size_t cubin_bytes = 4096) {
+  CompiledKernel k;
+  k.key = Sha256().Update(RandomBytes(32)).HexFinish();
+  k.arch = Rng()() % 2 ? "sm_90" : "sm_90a";
+  k.kernel_name = "z12.nw8.ug2.nb2.pipe3";
+  k.name_expression = "gemvz_z12_kernel<8, 2, 2, 3>";
+  k.lowered_name = "_Z16gemvz_z12_kernelILi8ELi2ELi2ELi3EEv9Z12Params";
+  k.cubin = RandomBytes(cubin_bytes);
+  k.ptx = "// ptx\nmma.sync.aligned " + RandomBytes(64);
+  k.log = "ptxas info    : Used 116 registers";
+  k.registers = static_cast<int>(Rng()() % 255);
+  k.spill_bytes = static_cast<int>(Rng()() % 100);
+  k.shared_bytes = static_cast<int>(Rng()() % 40000);
+  k.compile_ms = 123.456;
+  return k;
+}
+
+void ExpectSameKernel(const CompiledKernel& a, const CompiledKernel& b) {
+  EXPECT_EQ(a.key, b.key);
+  EXPECT_EQ(a.arch, b.arch);
+  EXPECT_EQ(a.kernel_name, b.kernel_name);
+  EXPECT_EQ(a.name_expression, b.name_expression);
+  EXPECT_EQ(a.lowered_name, b.lowered_name);
+  EXPECT_EQ(a.cubin, b.cubin);
+  EXPECT_EQ(a.ptx, b.ptx);
+  EXPECT_EQ(a.log, b.log);
+  EXPECT_EQ(a.registers, b.registers);
+  EXPECT_EQ(a.spill_bytes, b.spill_bytes);
+  EXPECT_EQ(a.shared_bytes, b.shared_bytes);
+  EXPECT_NEAR(a.compile_ms, b.compile_ms, 0.001);
+}
+
+void SetMtime(const std::string& path, time_t seconds) {
+  struct timespec times[2] = {{seconds, 0}, {seconds, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+}
+
+TEST(DiskEntryTest, RoundTrips) {
+  const CompiledKernel k = RandomKernel(1 + Rng()() % 100000);
+  DiskEntryMeta meta;
+  absl::StatusOr<CompiledKernel> back = ParseEntry(SerializeEntry(k), k.key, &meta);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSameKernel(k, *back);
+  EXPECT_FALSE(meta.nvrtc_version.empty());
+  EXPECT_FALSE(meta.library_version.empty());
+  EXPECT_GT(meta.created_unix, 1600000000);
+}
+
+TEST(DiskEntryTest, EveryTruncationIsDetected) {
+  const CompiledKernel k = RandomKernel(512);
+  const std::string bytes = SerializeEntry(k);
+  // Every length short of the whole entry, including the header boundary.
+  for (size_t n = 0; n < bytes.size(); n += 1 + Rng()() % 7) {
+    absl::StatusOr<CompiledKernel> r = ParseEntry(std::string_view(bytes).substr(0, n), k.key);
+    ASSERT_FALSE(r.ok()) << "length " << n;
+    EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+    EXPECT_NE(std::string(r.status().message()).find("truncated"), std::string::npos)
+        << n << ": " << r.status();
+  }
+  EXPECT_FALSE(ParseEntry(bytes + "x", k.key).ok());
+}
+
+TEST(DiskEntryTest, EveryFlippedByteIsDetected) {
+  const CompiledKernel k = RandomKernel(256);
+  const std::string bytes = SerializeEntry(k);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string bad = bytes;
+    const size_t at = Rng()() % bad.size();
+    bad[at] = static_cast<char>(bad[at] ^ (1 + Rng()() % 255));
+    absl::StatusOr<CompiledKernel> r = ParseEntry(bad, k.key);
+    EXPECT_FALSE(r.ok()) << "byte " << at << " flipped unnoticed";
+  }
+}
+
+TEST(DiskEntryTest, SpecificDamageIsNamed) {
+  const CompiledKernel k = RandomKernel(128);
+  const std::string bytes = SerializeEntry(k);
+  std::string bad_magic = bytes;
+  bad_magic[0] = 'X';
+  EXPECT_NE(std::string(ParseEntry(bad_magic, k.key).status().message()).find("magic"),
+            std::string::npos);
+  std::string bad_version = bytes;
+  bad_version[8] = static_cast<char>(kDiskEntryVersion + 1);
+  EXPECT_NE(std::string(ParseEntry(bad_version, k.key).status().message()).find("version"),
+            std::string::npos);
+  std::string bad_payload = bytes;
+  bad_payload[bytes.size() - 1] ^= 0x40;
+  EXPECT_NE(std::string(ParseEntry(bad_payload, k.key).status().message()).find("checksum"),
+            std::string::npos);
+  const std::string other_key = RandomKernel(1).key;
+  absl::Status wrong = ParseEntry(bytes, other_key).status();
+  EXPECT_NE(std::string(wrong.message()).find("wrong key"), std::string::npos) << wrong;
+  // Without an expected key (cache list), the entry is accepted.
+  EXPECT_TRUE(ParseEntry(bytes, "").ok());
+}
+
+TEST(DiskCacheTest, WriteThenReadAndTouch) {
+  TempDir dir;
+  DiskCache cache(dir.path());
+  const CompiledKernel k = RandomKernel();
+  ASSERT_TRUE(cache.Write(k).ok());
+  EXPECT_FALSE(cache.read_only());
+  const std::string path = cache.EntryPath(k.key);
+  EXPECT_EQ(path, absl::StrCat(dir.path(), "/kernels/", k.key, ".gemvzk"));
+  SetMtime(path, 1000000000);
+  CompiledKernel back;
+  std::string reason;
+  ASSERT_EQ(cache.Read(k.key, &back, &reason, true), DiskCache::Lookup::kHit) << reason;
+  ExpectSameKernel(k, back);
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_GT(st.st_mtime, 1000000000) << "a hit must refresh the LRU clock";
+  // Only the entry: no temporary files left behind.
+  EXPECT_EQ(jit_test::ListFiles(dir.Join("kernels")),
+            std::vector<std::string>{k.key + ".gemvzk"});
+  EXPECT_EQ(cache.Read(RandomKernel(1).key, &back, &reason, true), DiskCache::Lookup::kMissing);
+}
+
+TEST(DiskCacheTest, BadEntriesAreRejectedAndRemovedWithOneWarning) {
+  TempDir dir;
+  DiskCache cache(dir.path());
+  for (int kind = 0; kind < 3; ++kind) {
+    SCOPED_TRACE(kind);
+    const CompiledKernel k = RandomKernel();
+    ASSERT_TRUE(cache.Write(k).ok());
+    const std::string path = cache.EntryPath(k.key);
+    if (kind == 0) jit_test::TruncateFile(path, Rng()() % FileSize(path));
+    if (kind == 1) jit_test::FlipByte(path, Rng()() % FileSize(path), 0x10);
+    if (kind == 2) {  // another key's valid entry under this key's name
+      const CompiledKernel other = RandomKernel();
+      ASSERT_TRUE(AtomicWriteFile(path, SerializeEntry(other)).ok());
+    }
+    CompiledKernel out;
+    std::string reason;
+    // Without remove_bad the entry stays (the miss path removes it under the key lock).
+    EXPECT_EQ(cache.Read(k.key, &out, &reason, false), DiskCache::Lookup::kRejected);
+    EXPECT_FALSE(reason.empty());
+    EXPECT_EQ(FileSize(path) >= 0, true);
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(cache.Read(k.key, &out, &reason, true), DiskCache::Lookup::kRejected);
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(CountOccurrences(err, "is invalid"), 1) << err;
+    EXPECT_EQ(FileSize(path), -1) << "a bad entry must be removed";
+    EXPECT_EQ(cache.Read(k.key, &out, &reason, true), DiskCache::Lookup::kMissing);
+  }
+}
+
+TEST(DiskCacheTest, UnwritableDirectoryDegradesWithOneWarning) {
+  TempDir dir;
+  // A path below a regular file cannot be created, even by root (chmod would not stop root).
+  ASSERT_TRUE(AtomicWriteFile(dir.Join("plain_file"), "x").ok());
+  DiskCache cache(dir.Join("plain_file/cache"));
+  testing::internal::CaptureStderr();
+  EXPECT_FALSE(cache.Write(RandomKernel()).ok());
+  EXPECT_TRUE(cache.read_only());
+  EXPECT_FALSE(cache.Write(RandomKernel()).ok());
+  EXPECT_EQ(cache.LockKey(RandomKernel(1).key), nullptr);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(CountOccurrences(err, "not writable"), 1) << err;
+  EXPECT_NE(err.find("plain_file/cache"), std::string::npos) << err;
+}
+
+TEST(DiskCacheTest, ReadOnlyDirectoryStillServesHits) {
+  TempDir dir;
+  DiskCache writer(dir.path());
+  const CompiledKernel k = RandomKernel();
+  ASSERT_TRUE(writer.Write(k).ok());
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);  // others may enter (see below)
+  ASSERT_EQ(::chmod(dir.Join("kernels").c_str(), 0555), 0);
+  // Root ignores permissions, so the reader runs in a child that gives up root if it has it.
+  const std::string err_path = dir.Join("stderr.txt");
+  ASSERT_TRUE(AtomicWriteFile(err_path, "").ok());
+  ASSERT_EQ(::chmod(err_path.c_str(), 0666), 0);  // the child may not be its owner
+  const int code = jit_test::RunInChild([&] {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) return 10;
+    const int fd = ::open(err_path.c_str(), O_WRONLY | O_TRUNC);
+    if (fd < 0 || ::dup2(fd, 2) < 0) return 11;
+    DiskCache cache(dir.path());
+    CompiledKernel out;
+    std::string reason;
+    if (cache.Read(k.key, &out, &reason, true) != DiskCache::Lookup::kHit) return 12;
+    if (out.cubin != k.cubin) return 13;
+    if (cache.Write(RandomKernel()).ok()) return 14;
+    if (!cache.read_only()) return 15;
+    if (cache.Write(RandomKernel()).ok()) return 16;
+    return 0;
+  });
+  ::chmod(dir.Join("kernels").c_str(), 0755);
+  EXPECT_EQ(code, 0);
+  absl::StatusOr<std::string> err = ReadFile(err_path);
+  ASSERT_TRUE(err.ok()) << err.status();
+  EXPECT_EQ(CountOccurrences(*err, "not writable"), 1) << *err;
+}
+
+TEST(DiskCacheTest, PruneEvictsLeastRecentlyUsedFirst) {
+  TempDir dir;
+  DiskCache cache(dir.path());
+  std::vector<CompiledKernel> ks;
+  for (int i = 0; i < 5; ++i) {
+    ks.push_back(RandomKernel(1000 + Rng()() % 1000));
+    ASSERT_TRUE(cache.Write(ks.back()).ok());
+    SetMtime(cache.EntryPath(ks.back().key), 1000000000 + 100 * i);  // 0 oldest ... 4 newest
+  }
+  // Use entry 0: it becomes the most recent.
+  CompiledKernel out;
+  std::string reason;
+  ASSERT_EQ(cache.Read(ks[0].key, &out, &reason, true), DiskCache::Lookup::kHit);
+  auto size = [&](int i) { return FileSize(cache.EntryPath(ks[i].key)); };
+  // Room for entries 0, 4 and 3 only: 1 and 2 are the least recently used.
+  const int64_t cap = size(0) + size(4) + size(3);
+  absl::StatusOr<PruneResult> r = cache.Prune(cap);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->removed, 2);
+  EXPECT_EQ(r->removed_bytes + r->kept_bytes, cap + r->removed_bytes);
+  EXPECT_EQ(size(1), -1);
+  EXPECT_EQ(size(2), -1);
+  EXPECT_GT(size(0), 0);
+  EXPECT_GT(size(3), 0);
+  EXPECT_GT(size(4), 0);
+  // The kept key survives even when the cap is below its own size.
+  ASSERT_TRUE(cache.Prune(1, ks[3].key).ok());
+  EXPECT_GT(size(3), 0);
+  EXPECT_EQ(size(0), -1);
+  EXPECT_EQ(size(4), -1);
+}
+
+TEST(DiskCacheTest, ListVerifyAndClear) {
+  TempDir dir;
+  DiskCache cache(dir.path());
+  std::vector<CompiledKernel> ks;
+  for (int i = 0; i < 4; ++i) {
+    ks.push_back(RandomKernel(100 + i));
+    ASSERT_TRUE(cache.Write(ks.back()).ok());
+  }
+  jit_test::FlipByte(cache.EntryPath(ks[2].key), 30, 0x01);
+  absl::StatusOr<std::vector<DiskEntryInfo>> list = cache.List(/*verify=*/true);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 4u);
+  int bad = 0;
+  for (const DiskEntryInfo& e : *list) {
+    if (e.key == ks[2].key) {
+      EXPECT_FALSE(e.status.ok());
+      ++bad;
+    } else {
+      EXPECT_TRUE(e.status.ok()) << e.status;
+      EXPECT_EQ(e.kernel_name, "z12.nw8.ug2.nb2.pipe3");
+      EXPECT_EQ(e.size_bytes, FileSize(e.path));
+    }
+  }
+  EXPECT_EQ(bad, 1);
+  absl::StatusOr<int> cleared = cache.Clear();
+  ASSERT_TRUE(cleared.ok());
+  EXPECT_EQ(*cleared, 4);
+  EXPECT_TRUE(cache.List(false)->empty());
+}
+
+TEST(DiskCacheTest, KeyLockExcludesAcrossOpenFiles) {
+  TempDir dir;
+  DiskCache a(dir.path()), b(dir.path());
+  const std::string key = RandomKernel(1).key;
+  auto held = a.LockKey(key);
+  ASSERT_NE(held, nullptr);
+  // A second process holding the lock: its flock must block while ours is held.
+  const int code = jit_test::RunInChild([&] {
+    const std::string lock = absl::StrCat(dir.path(), "/locks/", key, ".lock");
+    const int fd = ::open(lock.c_str(), O_RDWR);
+    if (fd < 0) return 2;
+    return ::flock(fd, LOCK_EX | LOCK_NB) == 0 ? 1 : 0;
+  });
+  EXPECT_EQ(code, 0) << "the lock did not exclude another process";
+  held.reset();
+  EXPECT_NE(b.LockKey(key), nullptr);
+}
+
+TEST(CacheDirectoryTest, FollowsTheEnvironment) {
+  ScopedEnv disable("GEMVZ_DISABLE_DISK_CACHE", std::nullopt);
+  {
+    ScopedEnv dir("GEMVZ_CACHE_DIR", "/some/where");
+    ScopedEnv xdg("XDG_CACHE_HOME", "/xdg");
+    EXPECT_EQ(CacheDirectory(), "/some/where");
+    ScopedEnv off("GEMVZ_DISABLE_DISK_CACHE", "1");
+    EXPECT_EQ(CacheDirectory(), "");
+  }
+  {
+    ScopedEnv dir("GEMVZ_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", "/xdg");
+    EXPECT_EQ(CacheDirectory(), "/xdg/gemvz");
+  }
+  {
+    ScopedEnv dir("GEMVZ_CACHE_DIR", std::nullopt);
+    ScopedEnv xdg("XDG_CACHE_HOME", std::nullopt);
+    ScopedEnv home("HOME", "/home/someone");
+    EXPECT_EQ(CacheDirectory(), "/home/someone/.cache/gemvz");
+    ScopedEnv off("GEMVZ_DISABLE_DISK_CACHE", "0");
+    EXPECT_EQ(CacheDirectory(), "/home/someone/.cache/gemvz");
+  }
+}
+
+TEST(CacheDirectoryTest, MaxBytesComesFromTheEnvironment) {
+  {
+    ScopedEnv cap("GEMVZ_CACHE_MAX_BYTES", std::nullopt);
+    EXPECT_EQ(DiskCacheMaxBytes(), int64_t{1} << 30);
+  }
+  {
+    ScopedEnv cap("GEMVZ_CACHE_MAX_BYTES", "64M");
+    EXPECT_EQ(DiskCacheMaxBytes(), int64_t{64} << 20);
+  }
+  {
+    ScopedEnv cap("GEMVZ_CACHE_MAX_BYTES", "lots");
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(DiskCacheMaxBytes(), int64_t{1} << 30);
+    EXPECT_NE(testing::internal::GetCapturedStderr().find("GEMVZ_CACHE_MAX_BYTES"),
+              std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace gemvz::internal
