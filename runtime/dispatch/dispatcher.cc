@@ -1,0 +1,167 @@
+// The dispatcher's lookup: tuning file, then the built-in table, then the heuristic. The tuning
+// file is read once per process; the answers are memoised per (arch, format, shape, SM count).
+#include "runtime/dispatch/dispatcher.h"
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gemvz/dispatch.h"
+#include "runtime/common/log.h"
+
+namespace gemvz::internal {
+namespace {
+
+// (arch, format, n, k) -> the table's entries for it, ordered by m.
+using ShapeKey = std::tuple<std::string, int, int64_t, int64_t>;
+using BuiltinIndex = absl::flat_hash_map<ShapeKey, std::vector<const TunedChoice*>>;
+
+const BuiltinIndex& GetBuiltinIndex() {
+  static const BuiltinIndex* const index = [] {
+    auto* idx = new BuiltinIndex();
+    for (const TunedChoice& c : BuiltinTunedTable()) {
+      (*idx)[ShapeKey{c.arch, static_cast<int>(c.format), c.n, c.k}].push_back(&c);
+    }
+    for (auto& [key, entries] : *idx) {
+      std::stable_sort(entries.begin(), entries.end(),
+                       [](const TunedChoice* a, const TunedChoice* b) { return a->m < b->m; });
+    }
+    return idx;
+  }();
+  return *index;
+}
+
+// (arch, format, m, n, k)
+using ChoiceKey = std::tuple<std::string, int, int64_t, int64_t, int64_t>;
+// (arch, format, m, n, k, sm_count)
+using PlanKey = std::tuple<std::string, int, int64_t, int64_t, int64_t, int>;
+
+constexpr size_t kMaxPlans = 1 << 14;
+
+// The tuning file as read (once) and the plans answered so far, under one mutex.
+class Dispatcher {
+ public:
+  absl::StatusOr<GemvPlan> Choose(const GemvShape& launch, WeightFormat format,
+                                  const std::string& arch, int sm_count) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    const PlanKey plan_key{arch, static_cast<int>(format), launch.m, launch.n, launch.k, sm_count};
+    if (const auto it = plans_.find(plan_key); it != plans_.end()) return it->second;
+    if (!loaded_) LoadLocked();
+
+    GemvPlan plan;
+    const auto tuned =
+        entries_.find(ChoiceKey{arch, static_cast<int>(format), launch.m, launch.n, launch.k});
+    if (tuned != entries_.end()) {
+      plan.config = tuned->second;
+      plan.source = "tuning-file";
+    } else if (std::optional<KernelConfig> t = LookupBuiltinTable(launch, format, arch)) {
+      plan.config = *t;
+      plan.source = "tuned";
+    } else {
+      plan.config = HeuristicConfig(launch, format, sm_count);
+      plan.source = "heuristic";
+    }
+    plan.chunk_m = std::min<int64_t>(launch.m, plan.config.tokens_per_launch());
+    // Bounded for callers that sweep many shapes; a cleared memo only costs a recomputation.
+    if (plans_.size() >= kMaxPlans) plans_.clear();
+    plans_[plan_key] = plan;
+    return plan;
+  }
+
+  absl::Status Reload() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    plans_.clear();
+    LoadLocked();
+    return status_;
+  }
+
+  absl::Status status() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+  void Invalidate() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    loaded_ = false;
+    plans_.clear();
+  }
+
+ private:
+  void LoadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    loaded_ = true;
+    entries_.clear();
+    absl::StatusOr<std::vector<TunedChoice>> choices = LoadTunedChoices();
+    status_ = choices.status();
+    if (!choices.ok()) {
+      // Once per load: a bad file must not make every call noisy, nor stop any of them.
+      GEMVZ_LOG_WARNING("%s; running without the tuning file", choices.status().message());
+      return;
+    }
+    for (const TunedChoice& c : *choices) {
+      entries_[ChoiceKey{c.arch, static_cast<int>(c.format), c.m, c.n, c.k}] = c.config;
+    }
+    GEMVZ_LOG_DEBUG("tuning file '%s': %d entries", TuningFilePath(),
+                    static_cast<int>(entries_.size()));
+  }
+
+  absl::Mutex mu_;
+  bool loaded_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ChoiceKey, KernelConfig> entries_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<PlanKey, GemvPlan> plans_ ABSL_GUARDED_BY(mu_);
+};
+
+Dispatcher& GetDispatcher() {
+  static Dispatcher* const dispatcher = new Dispatcher();
+  return *dispatcher;
+}
+
+absl::Status CheckShape(const GemvShape& shape) {
+  auto fail = [&](const std::string& rule) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no gemvz kernel takes shape ", shape.ToString(), ": ", rule));
+  };
+  if (shape.m < 1) return fail("m must be at least 1");
+  if (shape.n < 16 || shape.n % 16 != 0) return fail("N must be a positive multiple of 16");
+  if (shape.k < 64 || shape.k % 64 != 0) return fail("K must be a positive multiple of 64");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::optional<KernelConfig> LookupBuiltinTable(const GemvShape& shape, WeightFormat format,
+                                               const std::string& arch) {
+  const BuiltinIndex& index = GetBuiltinIndex();
+  const auto it = index.find(ShapeKey{arch, static_cast<int>(format), shape.n, shape.k});
+  if (it == index.end()) return std::nullopt;
+  // The exact m, else the next m up: a kernel tuned for 16 rows also serves 9..15 when its NB
+  // covers them, which beats a guess.
+  for (const TunedChoice* c : it->second) {
+    if (c->m < shape.m) continue;
+    if (c->config.tokens_per_launch() < shape.m) return std::nullopt;
+    if (!Validate(c->config, shape).ok()) return std::nullopt;
+    return c->config;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<GemvPlan> ChooseConfig(const GemvShape& shape, WeightFormat format,
+                                      const std::string& arch, int sm_count) {
+  if (absl::Status st = CheckShape(shape); !st.ok()) return st;
+  const GemvShape launch{std::min(shape.m, kMaxTokensPerLaunch), shape.n, shape.k};
+  return GetDispatcher().Choose(launch, format, arch, sm_count);
+}
+
+absl::Status ReloadTuningFile() { return GetDispatcher().Reload(); }
+
+absl::Status TuningFileStatus() { return GetDispatcher().status(); }
+
+void InvalidateTuningFileCache() { GetDispatcher().Invalidate(); }
+
+}  // namespace gemvz::internal

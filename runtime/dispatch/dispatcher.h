@@ -1,0 +1,53 @@
+// The dispatcher's lookup: which configuration one launch of (m, N, K, format) on an architecture
+// uses, and where that choice came from. Gemv's path layers the forced/env/autotune choices on top.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gemvz/config.h"
+#include "gemvz/gemv.h"
+
+namespace gemvz::internal {
+
+// The largest launch the kernels take: NB <= 4 token blocks of 8 rows. Larger m runs in chunks.
+inline constexpr int kMaxTokenBlocks = 4;
+inline constexpr int64_t kMaxTokensPerLaunch = 8 * kMaxTokenBlocks;
+
+// The smallest NB (1..4) whose 8*NB rows cover min(m, 32).
+int TokenBlocksFor(int64_t m);
+
+// The configuration for one launch of `shape` (shape.m is the rows per launch; m above 32 is
+// planned as 32-row chunks), from, in order:
+//   1. the tuning file (source "tuning-file"): an exact (arch, format, m, n, k) entry whose
+//      configuration is valid for the shape; the file is read once per process and cached,
+//   2. the built-in table (source "tuned"): the exact entry, else the entry of the next larger m
+//      with the same (arch, format, n, k) when its NB still covers m,
+//   3. HeuristicConfig (source "heuristic").
+// plan.chunk_m is min(m, config.tokens_per_launch()): the rows each launch takes. The heuristic
+// lowers NB below what m needs only where K leaves no valid configuration with it (K = 64 * odd
+// with m > 8, say); chunk_m says so. An error only for shapes no kernel takes (N % 16, K % 64,
+// m < 1), naming the rule. A tuning file that cannot be read or parsed is reported once (warning)
+// and ignored. Thread-safe.
+absl::StatusOr<GemvPlan> ChooseConfig(const GemvShape& shape, WeightFormat format,
+                                      const std::string& arch, int sm_count);
+
+// The entry of the built-in table that ChooseConfig's step 2 would use, if any.
+std::optional<KernelConfig> LookupBuiltinTable(const GemvShape& shape, WeightFormat format,
+                                               const std::string& arch);
+
+// Forgets the cached tuning file and reads TuningFilePath() again now (tests, or after another
+// process saved). Returns the load's status; on error the dispatcher runs without the file.
+absl::Status ReloadTuningFile();
+
+// Why the cached tuning file is being ignored (OK when it loaded, is absent or is not read yet).
+absl::Status TuningFileStatus();
+
+// Marks the cached tuning file stale, so the next ChooseConfig reads it again. SaveTunedChoices
+// calls it after publishing, so that a winner saved in this process is used by this process.
+void InvalidateTuningFileCache();
+
+}  // namespace gemvz::internal

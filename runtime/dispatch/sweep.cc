@@ -1,0 +1,62 @@
+// What the tuner times for a shape (the sweep space) and what warm-up compiles by default.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "gemvz/dispatch.h"
+#include "runtime/dispatch/dispatcher.h"
+
+namespace gemvz {
+namespace {
+
+constexpr int kSweepNw[] = {1, 2, 4, 6, 8, 12, 16};
+constexpr int kSweepUg[] = {1, 2, 4};
+constexpr int kSweepSplits[] = {1, 2, 3, 4, 6, 8};
+
+// DESIGN.md's benchmark suite (N, K).
+constexpr int64_t kSuite[][2] = {{4096, 8192},  {6144, 4096},  {4096, 4096}, {28672, 4096},
+                                 {4096, 14336}, {10240, 8192}, {8192, 28672}};
+
+}  // namespace
+
+std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format) {
+  const int nb_min = internal::TokenBlocksFor(shape.m);
+  // m above one launch's 32 rows is timed as the 32-row chunks it will run in.
+  const GemvShape launch{std::clamp<int64_t>(shape.m, 1, 8 * nb_min), shape.n, shape.k};
+  const DeviceLimits limits = DefaultDeviceLimits();
+  std::vector<KernelConfig> out;
+  absl::flat_hash_set<KernelConfig> seen;
+  for (int nb = nb_min; nb <= std::min(nb_min + 1, internal::kMaxTokenBlocks); ++nb) {
+    for (int nw : kSweepNw) {
+      for (int ug : kSweepUg) {
+        for (int pipe = 0; pipe <= 3; ++pipe) {
+          for (int s : kSweepSplits) {
+            const KernelConfig c{format, nw, ug, nb, pipe, s};
+            if (!Validate(c, launch, limits).ok()) continue;
+            if (seen.insert(c).second) out.push_back(c);
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<KernelConfig> DefaultWarmupConfigs() {
+  std::vector<KernelConfig> out;
+  absl::flat_hash_set<std::string> seen;
+  auto add = [&](KernelConfig c) {
+    c.splits = 1;  // a run-time argument: one compiled kernel serves every S
+    if (seen.insert(c.KernelName()).second) out.push_back(c);
+  };
+  for (const TunedChoice& choice : BuiltinTunedTable()) add(choice.config);
+  for (WeightFormat format : {WeightFormat::kZ12, WeightFormat::kBf16}) {
+    for (const auto& nk : kSuite) {
+      for (int64_t m = 1; m <= 16; ++m) add(HeuristicConfig(GemvShape{m, nk[0], nk[1]}, format));
+    }
+  }
+  return out;
+}
+
+}  // namespace gemvz

@@ -1,0 +1,291 @@
+// The tuning file: measured winners persisted as JSON beside the kernel cache. Saves merge under a
+// file lock, so that processes saving at once lose nothing, and publish atomically.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gemvz/dispatch.h"
+#include "gemvz/runtime.h"
+#include "nlohmann/json.hpp"
+#include "runtime/common/env.h"
+#include "runtime/common/file_util.h"
+#include "runtime/common/log.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/dispatch/dispatcher.h"
+
+namespace gemvz {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Version 1: {"version": 1, "entries": [{arch, format, m, n, k, config, time_us}, ...]}.
+constexpr int kTuningFileVersion = 1;
+
+using ChoiceKey = std::tuple<std::string, int, int64_t, int64_t, int64_t>;
+ChoiceKey KeyOf(const TunedChoice& c) {
+  return {c.arch, static_cast<int>(c.format), c.m, c.n, c.k};
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// What a tuned choice must satisfy, in the file and on the way in: a valid launch of its shape.
+absl::Status CheckChoice(const TunedChoice& c) {
+  if (c.arch.empty()) return absl::InvalidArgumentError("arch is empty");
+  for (char ch : c.arch) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '_') {
+      return absl::InvalidArgumentError(absl::StrCat("arch '", c.arch, "' is not like sm_90"));
+    }
+  }
+  if (c.config.format != c.format) {
+    return absl::InvalidArgumentError(absl::StrCat("config ", c.config.ToString(),
+                                                   " is not of the entry's format ",
+                                                   std::string(FormatName(c.format))));
+  }
+  if (!std::isfinite(c.time_us) || c.time_us < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("time_us must be a finite number >= 0 (got ", c.time_us, ")"));
+  }
+  if (c.m < 1)
+    return absl::InvalidArgumentError(absl::StrCat("m must be at least 1 (got ", c.m, ")"));
+  // m is the rows of one launch; a configuration with fewer token blocks than m runs in chunks
+  // (the heuristic's answer where K admits no larger NB), so it is checked at its chunk.
+  return Validate(c.config,
+                  GemvShape{std::min<int64_t>(c.m, c.config.tokens_per_launch()), c.n, c.k});
+}
+
+std::string ChoiceName(const TunedChoice& c) {
+  return absl::StrCat(c.arch, " ", std::string(FormatName(c.format)), " ",
+                      GemvShape{c.m, c.n, c.k}.ToString());
+}
+
+// Parse failures: DataLoss for a corrupt file, FailedPrecondition for a newer schema (which a save
+// must not overwrite). Messages are completed with the path by the callers.
+absl::StatusOr<std::vector<TunedChoice>> ParseTuningJson(const std::string& text) {
+  if (absl::StripAsciiWhitespace(text).empty()) return std::vector<TunedChoice>{};
+  Json doc;
+  try {
+    doc = Json::parse(text);
+  } catch (const Json::exception& e) {
+    return absl::DataLossError(absl::StrCat("not valid JSON (", e.what(), ")"));
+  }
+  if (!doc.is_object()) return absl::DataLossError("the top level is not a JSON object");
+  const auto version = doc.find("version");
+  if (version == doc.end() || !version->is_number_integer()) {
+    return absl::DataLossError("no integer \"version\" field");
+  }
+  const int64_t v = version->get<int64_t>();
+  if (v > kTuningFileVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "schema version ", v, " is newer than this gemvz's (", kTuningFileVersion, ")"));
+  }
+  if (v != kTuningFileVersion) {
+    return absl::DataLossError(absl::StrCat("unknown schema version ", v));
+  }
+  const auto entries = doc.find("entries");
+  if (entries == doc.end() || !entries->is_array()) {
+    return absl::DataLossError("no \"entries\" array");
+  }
+  std::vector<TunedChoice> out;
+  out.reserve(entries->size());
+  for (size_t i = 0; i < entries->size(); ++i) {
+    const Json& e = (*entries)[i];
+    auto bad = [&](const std::string& why) {
+      return absl::DataLossError(absl::StrCat("entry ", i, ": ", why));
+    };
+    if (!e.is_object()) return bad("not an object");
+    auto string_field = [&](const char* name, std::string* value) -> absl::Status {
+      const auto it = e.find(name);
+      if (it == e.end() || !it->is_string()) return bad(absl::StrCat("no string \"", name, "\""));
+      *value = it->get<std::string>();
+      return absl::OkStatus();
+    };
+    auto int_field = [&](const char* name, int64_t* value) -> absl::Status {
+      const auto it = e.find(name);
+      if (it == e.end() || !it->is_number_integer()) {
+        return bad(absl::StrCat("no integer \"", name, "\""));
+      }
+      if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX}) {
+        return bad(absl::StrCat("\"", name, "\" is out of range"));
+      }
+      *value = it->get<int64_t>();
+      return absl::OkStatus();
+    };
+    TunedChoice c;
+    std::string format, config;
+    RETURN_IF_ERROR(string_field("arch", &c.arch));
+    RETURN_IF_ERROR(string_field("format", &format));
+    RETURN_IF_ERROR(int_field("m", &c.m));
+    RETURN_IF_ERROR(int_field("n", &c.n));
+    RETURN_IF_ERROR(int_field("k", &c.k));
+    RETURN_IF_ERROR(string_field("config", &config));
+    const auto t = e.find("time_us");
+    if (t == e.end() || !t->is_number()) return bad("no number \"time_us\"");
+    c.time_us = t->get<double>();
+    if (format == "z12") {
+      c.format = WeightFormat::kZ12;
+    } else if (format == "bf16") {
+      c.format = WeightFormat::kBf16;
+    } else {
+      return bad(absl::StrCat("format '", format, "' is neither z12 nor bf16"));
+    }
+    absl::StatusOr<KernelConfig> parsed = KernelConfig::Parse(config);
+    if (!parsed.ok()) return bad(std::string(parsed.status().message()));
+    c.config = *parsed;
+    if (absl::Status st = CheckChoice(c); !st.ok()) return bad(std::string(st.message()));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string SerializeTuningJson(const std::vector<TunedChoice>& choices) {
+  Json entries = Json::array();
+  for (const TunedChoice& c : choices) {
+    entries.push_back(Json{{"arch", c.arch},
+                           {"format", std::string(FormatName(c.format))},
+                           {"m", c.m},
+                           {"n", c.n},
+                           {"k", c.k},
+                           {"config", c.config.ToString()},
+                           {"time_us", c.time_us}});
+  }
+  const Json doc{{"version", kTuningFileVersion}, {"entries", std::move(entries)}};
+  return doc.dump(2) + "\n";
+}
+
+// Reads and parses `path`; a missing file is empty. Errors name the file.
+absl::StatusOr<std::vector<TunedChoice>> ReadTuningFile(const std::string& path) {
+  absl::StatusOr<std::string> text = internal::ReadFile(path);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) return std::vector<TunedChoice>{};
+    return absl::Status(text.status().code(),
+                        absl::StrCat("tuning file unreadable: ", text.status().message()));
+  }
+  absl::StatusOr<std::vector<TunedChoice>> parsed = ParseTuningJson(*text);
+  if (!parsed.ok()) {
+    return absl::Status(
+        parsed.status().code(),
+        absl::StrCat("tuning file '", path, "' is ",
+                     absl::IsDataLoss(parsed.status()) ? "corrupt" : "unusable", ": ",
+                     parsed.status().message(), " (delete it, or fix it by hand)"));
+  }
+  return parsed;
+}
+
+// An exclusive flock on `<tuning file>.lock`, held for one read-merge-write. flock locks belong to
+// the open file description, so two threads of one process exclude each other as well. The lock
+// file is never removed: removing it would let two savers lock different inodes.
+class FileLock {
+ public:
+  static absl::StatusOr<FileLock> Acquire(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot open the tuning file's lock '", path, "': ", std::strerror(errno)));
+    }
+    while (::flock(fd, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd);
+      return absl::InternalError(absl::StrCat("cannot lock '", path, "': ", std::strerror(e)));
+    }
+    return FileLock(fd);
+  }
+  FileLock(FileLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  FileLock& operator=(FileLock&&) = delete;
+  ~FileLock() {
+    if (fd_ >= 0) {
+      ::flock(fd_, LOCK_UN);
+      ::close(fd_);
+    }
+  }
+
+ private:
+  explicit FileLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+}  // namespace
+
+std::string TuningFilePath() {
+  if (std::optional<std::string> path = internal::GetEnv("GEMVZ_TUNING_FILE")) return *path;
+  // Beside the kernel cache; none when that is disabled (GEMVZ_DISABLE_DISK_CACHE=1).
+  const std::string dir = CacheDirectory();
+  if (dir.empty()) return "";
+  return absl::StrCat(dir, "/tuning.json");
+}
+
+absl::StatusOr<std::vector<TunedChoice>> LoadTunedChoices() {
+  const std::string path = TuningFilePath();
+  if (path.empty()) return std::vector<TunedChoice>{};  // no disk cache and no explicit file
+  return ReadTuningFile(path);
+}
+
+absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices) {
+  // Check every choice before anything is touched: a bad one saves nothing.
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (absl::Status st = CheckChoice(choices[i]); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot save tuned choice ", i, " (",
+                                                     ChoiceName(choices[i]), "): ", st.message()));
+    }
+  }
+  const std::string path = TuningFilePath();
+  if (path.empty()) {
+    return absl::FailedPreconditionError(
+        "no tuning file: the disk cache is disabled (GEMVZ_DISABLE_DISK_CACHE) and "
+        "GEMVZ_TUNING_FILE is not set");
+  }
+  RETURN_IF_ERROR(internal::CreateDirectories(DirName(path)));
+
+  // Threads of this process queue here rather than each opening the lock file.
+  static absl::Mutex* const save_mu = new absl::Mutex();
+  absl::MutexLock process_lock(save_mu);
+  ASSIGN_OR_RETURN(FileLock file_lock, FileLock::Acquire(path + ".lock"));
+
+  std::map<ChoiceKey, TunedChoice> merged;
+  absl::StatusOr<std::vector<TunedChoice>> existing = ReadTuningFile(path);
+  if (existing.ok()) {
+    for (TunedChoice& c : *existing) merged[KeyOf(c)] = std::move(c);
+  } else if (absl::IsDataLoss(existing.status())) {
+    // Unusable anyway; keep a copy for whoever wants to look, and start over.
+    const std::string aside = path + ".corrupt";
+    GEMVZ_LOG_WARNING("%s; replacing it (the old content is kept in '%s')",
+                      existing.status().message(), aside);
+    if (std::rename(path.c_str(), aside.c_str()) != 0) {
+      GEMVZ_LOG_WARNING("cannot keep '%s' as '%s': %s", path, aside, std::strerror(errno));
+    }
+  } else {
+    // Unreadable, or written by a newer gemvz: overwriting would lose what we cannot see.
+    return absl::Status(existing.status().code(),
+                        absl::StrCat("cannot save tuned choices: ", existing.status().message()));
+  }
+  for (const TunedChoice& c : choices) merged[KeyOf(c)] = c;
+
+  std::vector<TunedChoice> all;
+  all.reserve(merged.size());
+  for (auto& [key, c] : merged) all.push_back(std::move(c));
+  RETURN_IF_ERROR(internal::AtomicWriteFile(path, SerializeTuningJson(all)));
+  internal::InvalidateTuningFileCache();
+  GEMVZ_LOG_INFO("saved %d tuned choice(s) to '%s' (%d in the file)",
+                 static_cast<int>(choices.size()), path, static_cast<int>(all.size()));
+  return absl::OkStatus();
+}
+
+}  // namespace gemvz

@@ -1,0 +1,1058 @@
+// The dispatcher's CPU side: the tuning file (path, schema, merge under a lock across threads and
+// processes, corrupt files), the built-in table, the heuristic, the sweep space, warm-up defaults
+// and ChooseConfig's order of sources.
+#include "gemvz/dispatch.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "gemvz/config.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/dispatch/dispatcher.h"
+
+// gmock is not linked: a substring check that prints both sides.
+#define EXPECT_CONTAINS(haystack, needle)                                       \
+  EXPECT_NE(std::string(haystack).find(std::string(needle)), std::string::npos) \
+      << "'" << (haystack) << "' does not contain '" << (needle) << "' "
+
+namespace gemvz {
+namespace {
+
+namespace fs = std::filesystem;
+using internal::ChooseConfig;
+using internal::TokenBlocksFor;
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+uint64_t Seed() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) | rd();
+}
+
+// DESIGN.md's benchmark suite.
+constexpr int64_t kSuite[][2] = {{4096, 8192},  {6144, 4096},  {4096, 4096}, {28672, 4096},
+                                 {4096, 14336}, {10240, 8192}, {8192, 28672}};
+constexpr WeightFormat kFormats[] = {WeightFormat::kZ12, WeightFormat::kBf16};
+
+// Sets (or unsets, with nullptr) an environment variable for a scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value == nullptr) {
+      ::unsetenv(name);
+    } else {
+      ::setenv(name, value, 1);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string templ = (fs::temp_directory_path() / "gemvz_dispatch_test.XXXXXX").string();
+    char* made = ::mkdtemp(templ.data());
+    EXPECT_NE(made, nullptr) << "mkdtemp " << templ;
+    path_ = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteAll(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << data;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+using Key = std::tuple<std::string, int, int64_t, int64_t, int64_t>;
+Key KeyOf(const TunedChoice& c) { return {c.arch, static_cast<int>(c.format), c.m, c.n, c.k}; }
+
+// A valid tuned choice for a random shape; `tag` goes into n so that callers can keep keys apart.
+TunedChoice RandomChoice(std::mt19937_64& rng, int64_t tag = 0) {
+  static const char* const kArchs[] = {"sm_90", "sm_80", "sm_100a"};
+  TunedChoice c;
+  c.arch = kArchs[rng() % 3];
+  c.format = kFormats[rng() % 2];
+  c.n = 16 * (1 + static_cast<int64_t>(rng() % 4096) + 4096 * tag);
+  c.k = 64 * (1 + static_cast<int64_t>(rng() % 512));
+  const GemvShape shape{1 + static_cast<int64_t>(rng() % 32), c.n, c.k};
+  c.config = HeuristicConfig(shape, c.format);
+  c.m = std::min<int64_t>(shape.m, c.config.tokens_per_launch());
+  c.time_us = std::ldexp(static_cast<double>(rng() % 1000000), -10);
+  return c;
+}
+
+void ExpectSameChoices(const std::vector<TunedChoice>& got,
+                       const std::map<Key, TunedChoice>& expected) {
+  ASSERT_EQ(got.size(), expected.size());
+  for (const TunedChoice& c : got) {
+    const auto it = expected.find(KeyOf(c));
+    ASSERT_NE(it, expected.end()) << "unexpected entry " << c.arch << " " << c.config.ToString();
+    EXPECT_EQ(c.config, it->second.config);
+    EXPECT_EQ(c.time_us, it->second.time_us);
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// The tuning file's path.
+
+TEST(TuningFilePathTest, ExplicitFileWins) {
+  ScopedEnv file("GEMVZ_TUNING_FILE", "/some/where/t.json");
+  ScopedEnv dir("GEMVZ_CACHE_DIR", "/elsewhere");
+  EXPECT_EQ(TuningFilePath(), "/some/where/t.json");
+}
+
+TEST(TuningFilePathTest, BesideTheKernelCache) {
+  ScopedEnv file("GEMVZ_TUNING_FILE", nullptr);
+  ScopedEnv disable("GEMVZ_DISABLE_DISK_CACHE", nullptr);
+  {
+    ScopedEnv dir("GEMVZ_CACHE_DIR", "/tmp/gemvz-cache-x");
+    EXPECT_EQ(TuningFilePath(), "/tmp/gemvz-cache-x/tuning.json");
+  }
+  ScopedEnv dir("GEMVZ_CACHE_DIR", nullptr);
+  {
+    ScopedEnv xdg("XDG_CACHE_HOME", "/tmp/xdg-y");
+    EXPECT_EQ(TuningFilePath(), "/tmp/xdg-y/gemvz/tuning.json");
+  }
+  ScopedEnv xdg("XDG_CACHE_HOME", nullptr);
+  ScopedEnv home("HOME", "/tmp/home-z");
+  EXPECT_EQ(TuningFilePath(), "/tmp/home-z/.cache/gemvz/tuning.json");
+  // An empty value counts as unset.
+  ScopedEnv empty("GEMVZ_TUNING_FILE", "");
+  EXPECT_EQ(TuningFilePath(), "/tmp/home-z/.cache/gemvz/tuning.json");
+}
+
+TEST(TuningFilePathTest, NoFileWhenTheDiskCacheIsDisabled) {
+  ScopedEnv file("GEMVZ_TUNING_FILE", nullptr);
+  ScopedEnv disable("GEMVZ_DISABLE_DISK_CACHE", "1");
+  EXPECT_EQ(TuningFilePath(), "");
+  absl::StatusOr<std::vector<TunedChoice>> loaded = LoadTunedChoices();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  EXPECT_TRUE(loaded->empty());
+  std::mt19937_64 rng(Seed());
+  const absl::Status st = SaveTunedChoices({RandomChoice(rng)});
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << Msg(st);
+  EXPECT_CONTAINS(Msg(st), "GEMVZ_TUNING_FILE");
+  // An explicit file still works.
+  TempDir tmp;
+  const std::string path = tmp.path() + "/t.json";
+  ScopedEnv explicit_file("GEMVZ_TUNING_FILE", path.c_str());
+  EXPECT_TRUE(SaveTunedChoices({RandomChoice(rng)}).ok());
+  EXPECT_TRUE(fs::exists(path));
+}
+
+// ----------------------------------------------------------------------------------------------
+// Saving and loading.
+
+class TuningFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = tmp_.path() + "/tuning.json";
+    env_.emplace("GEMVZ_TUNING_FILE", path_.c_str());
+    seed_ = Seed();
+    rng_.seed(seed_);
+  }
+  void TearDown() override {
+    env_.reset();
+    (void)internal::ReloadTuningFile();
+  }
+
+  absl::StatusOr<std::vector<TunedChoice>> Load() { return LoadTunedChoices(); }
+
+  TempDir tmp_;
+  std::string path_;
+  std::optional<ScopedEnv> env_;
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+TEST_F(TuningFileTest, MissingFileIsEmpty) {
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  EXPECT_TRUE(loaded->empty());
+  EXPECT_FALSE(fs::exists(path_));  // loading creates nothing
+}
+
+TEST_F(TuningFileTest, WhitespaceOnlyFileIsEmpty) {
+  WriteAll(path_, " \n\t\n");
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  EXPECT_TRUE(loaded->empty());
+}
+
+TEST_F(TuningFileTest, SaveThenLoadRoundTrips) {
+  SCOPED_TRACE(absl::StrCat("seed ", seed_));
+  std::vector<TunedChoice> choices;
+  std::map<Key, TunedChoice> expected;
+  for (int i = 0; i < 60; ++i) {
+    choices.push_back(RandomChoice(rng_));
+    expected[KeyOf(choices.back())] = choices.back();  // a repeated key: the later one wins
+  }
+  ASSERT_TRUE(SaveTunedChoices(choices).ok());
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  ExpectSameChoices(*loaded, expected);
+}
+
+TEST_F(TuningFileTest, SavingNothingWritesAnEmptyFile) {
+  ASSERT_TRUE(SaveTunedChoices({}).ok());
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  EXPECT_TRUE(loaded->empty());
+  EXPECT_TRUE(fs::exists(path_));
+}
+
+TEST_F(TuningFileTest, SaveMergesAndReplacesTheSameKey) {
+  SCOPED_TRACE(absl::StrCat("seed ", seed_));
+  std::vector<TunedChoice> first, second;
+  std::map<Key, TunedChoice> expected;
+  for (int i = 0; i < 10; ++i) first.push_back(RandomChoice(rng_, 0));
+  for (int i = 0; i < 10; ++i) second.push_back(RandomChoice(rng_, 1));  // other keys
+  for (const auto& c : first) expected[KeyOf(c)] = c;
+  for (const auto& c : second) expected[KeyOf(c)] = c;
+  ASSERT_TRUE(SaveTunedChoices(first).ok());
+  ASSERT_TRUE(SaveTunedChoices(second).ok());
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  ExpectSameChoices(*loaded, expected);
+
+  // Same key, new winner: replaced, nothing else touched.
+  TunedChoice replacement = first[3];
+  replacement.config.pipe = (replacement.config.pipe + 1) % 4;
+  replacement.time_us += 1.5;
+  expected[KeyOf(replacement)] = replacement;
+  ASSERT_TRUE(SaveTunedChoices({replacement}).ok());
+  loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  ExpectSameChoices(*loaded, expected);
+}
+
+TEST_F(TuningFileTest, SaveCreatesTheDirectoryAndLeavesNoTemporaryFiles) {
+  const std::string nested = tmp_.path() + "/a/b/c/tuning.json";
+  ScopedEnv env("GEMVZ_TUNING_FILE", nested.c_str());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(SaveTunedChoices({RandomChoice(rng_)}).ok());
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(tmp_.path() + "/a/b/c")) {
+    names.insert(e.path().filename().string());
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"tuning.json", "tuning.json.lock"}));
+}
+
+TEST_F(TuningFileTest, FileFollowsTheDocumentedSchema) {
+  TunedChoice c;
+  c.arch = "sm_90";
+  c.format = WeightFormat::kBf16;
+  c.m = 8;
+  c.n = 4096;
+  c.k = 8192;
+  c.config = KernelConfig{WeightFormat::kBf16, 8, 2, 1, 3, 2};
+  c.time_us = 12.25;
+  ASSERT_TRUE(SaveTunedChoices({c}).ok());
+  const nlohmann::json doc = nlohmann::json::parse(ReadAll(path_));
+  EXPECT_EQ(doc.at("version"), 1);
+  ASSERT_EQ(doc.at("entries").size(), 1u);
+  const nlohmann::json& e = doc.at("entries")[0];
+  EXPECT_EQ(e.at("arch"), "sm_90");
+  EXPECT_EQ(e.at("format"), "bf16");
+  EXPECT_EQ(e.at("m"), 8);
+  EXPECT_EQ(e.at("n"), 4096);
+  EXPECT_EQ(e.at("k"), 8192);
+  EXPECT_EQ(e.at("config"), "bf16.nw8.ug2.nb1.pipe3.s2");
+  EXPECT_EQ(e.at("time_us"), 12.25);
+}
+
+TEST_F(TuningFileTest, SaveRejectsInvalidChoicesAndWritesNothing) {
+  const TunedChoice good{
+      "sm_90", WeightFormat::kZ12, 8, 4096, 8192, KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 1},
+      10.0};
+  ASSERT_TRUE(SaveTunedChoices({good}).ok());
+  const std::string before = ReadAll(path_);
+  struct Case {
+    TunedChoice choice;
+    const char* message;
+  };
+  std::vector<Case> cases;
+  auto add = [&](auto mutate, const char* message) {
+    TunedChoice c = good;
+    mutate(c);
+    cases.push_back({c, message});
+  };
+  add([](TunedChoice& c) { c.k = 8192 + 512; }, "K must be divisible by 64*S*NW*UG = 1024");
+  add([](TunedChoice& c) { c.m = 0; }, "m must be at least 1 (got 0)");
+  add([](TunedChoice& c) { c.n = 4100; }, "N must be a positive multiple of 16");
+  add(
+      [](TunedChoice& c) {
+        c.config.nb = 3;
+        c.config.nw = 2;
+      },
+      "NW >= NB is required");
+  add([](TunedChoice& c) { c.format = WeightFormat::kBf16; }, "is not of the entry's format bf16");
+  add([](TunedChoice& c) { c.time_us = std::nan(""); }, "time_us must be a finite number");
+  add([](TunedChoice& c) { c.time_us = -1; }, "time_us must be a finite number >= 0");
+  add([](TunedChoice& c) { c.arch = ""; }, "arch is empty");
+  add([](TunedChoice& c) { c.arch = "sm 90\n"; }, "is not like sm_90");
+  for (const Case& c : cases) {
+    // The bad choice travels with good ones: all or nothing.
+    const absl::Status st = SaveTunedChoices({RandomChoice(rng_), c.choice});
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_CONTAINS(Msg(st), c.message);
+    EXPECT_CONTAINS(Msg(st), "cannot save tuned choice 1");
+    EXPECT_EQ(ReadAll(path_), before) << c.message;
+  }
+}
+
+TEST_F(TuningFileTest, ChunkedChoicesAreValidAtTheirChunk) {
+  // K = 64 admits one token block only: 16 rows per launch run as two chunks of 8.
+  const TunedChoice chunked{
+      "sm_90", WeightFormat::kZ12, 16, 4096, 64, KernelConfig{WeightFormat::kZ12, 1, 1, 1, 0, 1},
+      2.0};
+  ASSERT_TRUE(SaveTunedChoices({chunked}).ok());
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  ExpectSameChoices(*loaded, {{KeyOf(chunked), chunked}});
+  ASSERT_TRUE(internal::ReloadTuningFile().ok());
+  absl::StatusOr<GemvPlan> plan =
+      ChooseConfig(GemvShape{16, 4096, 64}, WeightFormat::kZ12, "sm_90", 132);
+  ASSERT_TRUE(plan.ok()) << Msg(plan.status());
+  EXPECT_EQ(plan->source, "tuning-file");
+  EXPECT_EQ(plan->config, chunked.config);
+  EXPECT_EQ(plan->chunk_m, 8);
+}
+
+TEST_F(TuningFileTest, CorruptFilesAreReportedNamingTheFile) {
+  struct Case {
+    std::string text;
+    const char* message;
+  };
+  const std::string entry_tail = R"("m": 8, "n": 4096, "k": 8192, "time_us": 3.5)";
+  auto entry = [&](const std::string& fields) {
+    return absl::StrCat(R"({"version": 1, "entries": [{)", fields, "}]}");
+  };
+  const Case cases[] = {
+      {"{", "not valid JSON"},
+      {"garbage", "not valid JSON"},
+      {R"({"version": 1, "entries": [)", "not valid JSON"},
+      {"[]", "the top level is not a JSON object"},
+      {"{}", "no integer \"version\" field"},
+      {R"({"version": "1", "entries": []})", "no integer \"version\" field"},
+      {R"({"version": 0, "entries": []})", "unknown schema version 0"},
+      {R"({"version": 1})", "no \"entries\" array"},
+      {R"({"version": 1, "entries": {}})", "no \"entries\" array"},
+      {R"({"version": 1, "entries": [3]})", "entry 0: not an object"},
+      {entry(absl::StrCat(R"("format": "z12", "config": "z12.nw8.ug2.nb1.pipe3", )", entry_tail)),
+       "entry 0: no string \"arch\""},
+      {entry(absl::StrCat(R"("arch": "sm_90", "config": "z12.nw8.ug2.nb1.pipe3", )", entry_tail)),
+       "entry 0: no string \"format\""},
+      {entry(absl::StrCat(R"("arch": "sm_90", "format": "z12", )", entry_tail)),
+       "entry 0: no string \"config\""},
+      {entry(R"("arch": "sm_90", "format": "z12", "config": "z12.nw8.ug2.nb1.pipe3", "m": 8,
+                "n": 4096, "k": 8192)"),
+       "entry 0: no number \"time_us\""},
+      {entry(R"("arch": "sm_90", "format": "z12", "config": "z12.nw8.ug2.nb1.pipe3", "m": "8",
+                "n": 4096, "k": 8192, "time_us": 1)"),
+       "entry 0: no integer \"m\""},
+      {entry(R"("arch": "sm_90", "format": "z12", "config": "z12.nw8.ug2.nb1.pipe3", "m": 8,
+                "n": 4096.5, "k": 8192, "time_us": 1)"),
+       "entry 0: no integer \"n\""},
+      {entry(R"("arch": "sm_90", "format": "z12", "config": "z12.nw8.ug2.nb1.pipe3", "m": 8,
+                "n": 4096, "k": 18446744073709551615, "time_us": 1)"),
+       "entry 0: \"k\" is out of range"},
+      {entry(absl::StrCat(
+           R"("arch": "sm_90", "format": "fp8", "config": "z12.nw8.ug2.nb1.pipe3", )", entry_tail)),
+       "entry 0: format 'fp8' is neither z12 nor bf16"},
+      {entry(absl::StrCat(R"("arch": "sm_90", "format": "z12", "config": "z12.nw8.ug2", )",
+                          entry_tail)),
+       "entry 0: bad configuration 'z12.nw8.ug2': missing field nb<N>"},
+      {entry(
+           absl::StrCat(R"("arch": "sm_90", "format": "z12", "config": "bf16.nw8.ug2.nb1.pipe3", )",
+                        entry_tail)),
+       "is not of the entry's format z12"},
+      {entry(absl::StrCat(
+           R"("arch": "sm_90", "format": "z12", "config": "z12.nw8.ug2.nb1.pipe3.s16", )",
+           entry_tail)),
+       "K must be divisible by 64*S*NW*UG"},
+      {entry(
+           absl::StrCat(R"("arch": "sm_90", "format": "z12", "config": "z12.nw8.ug2.nb1.pipe3", )",
+                        R"("m": 8, "n": 4096, "k": 8192, "time_us": -2)")),
+       "time_us must be a finite number >= 0"},
+  };
+  for (const Case& c : cases) {
+    WriteAll(path_, c.text);
+    absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+    ASSERT_FALSE(loaded.ok()) << c.text;
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << Msg(loaded.status());
+    EXPECT_CONTAINS(Msg(loaded.status()), absl::StrCat("tuning file '", path_, "' is corrupt"));
+    EXPECT_CONTAINS(Msg(loaded.status()), c.message) << "for " << c.text;
+  }
+  // A well-formed entry next to them loads.
+  WriteAll(path_, entry(absl::StrCat(
+                      R"("arch": "sm_90", "format": "z12", "config": "z12.nw8.ug2.nb1.pipe3", )",
+                      entry_tail)));
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_EQ((*loaded)[0].config.ToString(), "z12.nw8.ug2.nb1.pipe3.s1");
+  EXPECT_EQ((*loaded)[0].time_us, 3.5);
+}
+
+TEST_F(TuningFileTest, NewerSchemaIsNeitherReadNorOverwritten) {
+  const std::string newer = R"({"version": 2, "entries": [], "something": "new"})";
+  WriteAll(path_, newer);
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_CONTAINS(Msg(loaded.status()), path_);
+  EXPECT_CONTAINS(Msg(loaded.status()), "schema version 2 is newer");
+  const absl::Status st = SaveTunedChoices({RandomChoice(rng_)});
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << Msg(st);
+  EXPECT_CONTAINS(Msg(st), path_);
+  EXPECT_EQ(ReadAll(path_), newer);
+}
+
+TEST_F(TuningFileTest, UnreadableFileIsReportedNamingTheFile) {
+  fs::create_directory(path_);  // a directory where the file should be
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_CONTAINS(Msg(loaded.status()), path_);
+  EXPECT_CONTAINS(Msg(loaded.status()), "tuning file unreadable");
+  const absl::Status st = SaveTunedChoices({RandomChoice(rng_)});
+  EXPECT_FALSE(st.ok());
+  EXPECT_CONTAINS(Msg(st), path_);
+  EXPECT_TRUE(fs::is_directory(path_));
+}
+
+TEST_F(TuningFileTest, SavingOverACorruptFileKeepsACopy) {
+  WriteAll(path_, "{ not json");
+  const TunedChoice c = RandomChoice(rng_);
+  ASSERT_TRUE(SaveTunedChoices({c}).ok());
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  ExpectSameChoices(*loaded, {{KeyOf(c), c}});
+  EXPECT_EQ(ReadAll(path_ + ".corrupt"), "{ not json");
+}
+
+TEST_F(TuningFileTest, ThreadsSavingAtOnceLoseNothing) {
+  SCOPED_TRACE(absl::StrCat("seed ", seed_));
+  constexpr int kThreads = 8, kSavesEach = 8;
+  std::vector<std::vector<TunedChoice>> per_thread(kThreads);
+  std::map<Key, TunedChoice> expected;
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kSavesEach; ++i) {
+      per_thread[t].push_back(RandomChoice(rng_, t));  // disjoint keys per thread (n)
+      expected[KeyOf(per_thread[t].back())] = per_thread[t].back();
+    }
+  }
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (const TunedChoice& c : per_thread[t]) {
+        if (!SaveTunedChoices({c}).ok()) failures++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  // Within one thread a repeated key keeps its last value; keys of different threads differ.
+  std::map<Key, TunedChoice> last;
+  for (int t = 0; t < kThreads; ++t) {
+    for (const auto& c : per_thread[t]) last[KeyOf(c)] = c;
+  }
+  ExpectSameChoices(*loaded, last);
+}
+
+TEST_F(TuningFileTest, ProcessesSavingAtOnceLoseNothing) {
+  SCOPED_TRACE(absl::StrCat("seed ", seed_));
+  constexpr int kWriters = 3, kSavesEach = 20;
+  std::vector<std::vector<TunedChoice>> per_writer(kWriters);
+  std::map<Key, TunedChoice> expected;
+  for (int w = 0; w < kWriters; ++w) {
+    for (int i = 0; i < kSavesEach; ++i) {
+      per_writer[w].push_back(RandomChoice(rng_, w));
+      expected[KeyOf(per_writer[w].back())] = per_writer[w].back();
+    }
+  }
+  // Everyone waits on the pipe until the parent closes it, so that the saves overlap.
+  int gate[2];
+  ASSERT_EQ(::pipe(gate), 0);
+  std::vector<pid_t> children;
+  auto spawn = [&](auto body) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(gate[1]);
+      char ch;
+      while (::read(gate[0], &ch, 1) > 0) {
+      }
+      ::_exit(body());
+    }
+    children.push_back(pid);
+  };
+  for (int w = 0; w < kWriters; ++w) {
+    spawn([&, w]() -> int {
+      for (const TunedChoice& c : per_writer[w]) {
+        if (!SaveTunedChoices({c}).ok()) return 1;
+      }
+      return 0;
+    });
+  }
+  // A reader: the published file is always whole, and it only grows.
+  spawn([&]() -> int {
+    size_t seen = 0;
+    for (int i = 0; i < 400; ++i) {
+      absl::StatusOr<std::vector<TunedChoice>> loaded = LoadTunedChoices();
+      if (!loaded.ok()) return 2;
+      if (loaded->size() < seen) return 3;
+      seen = loaded->size();
+    }
+    return 0;
+  });
+  ::close(gate[0]);
+  ::close(gate[1]);
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "child " << pid << " status " << status;
+  }
+  std::map<Key, TunedChoice> last;
+  for (int w = 0; w < kWriters; ++w) {
+    for (const auto& c : per_writer[w]) last[KeyOf(c)] = c;
+  }
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  ExpectSameChoices(*loaded, last);
+}
+
+// ----------------------------------------------------------------------------------------------
+// The built-in table.
+
+TEST(BuiltinTableTest, CoversTheSuiteOncePerFormatAndM) {
+  std::map<std::tuple<int, int64_t, int64_t, int64_t>, int> count;
+  for (const TunedChoice& c : BuiltinTunedTable()) {
+    EXPECT_EQ(c.arch, "sm_90");
+    count[{static_cast<int>(c.format), c.m, c.n, c.k}]++;
+  }
+  size_t expected = 0;
+  for (WeightFormat f : kFormats) {
+    for (const auto& nk : kSuite) {
+      for (int64_t m : {1, 8, 16}) {
+        ++expected;
+        EXPECT_EQ((count[{static_cast<int>(f), m, nk[0], nk[1]}]), 1)
+            << FormatName(f) << " m" << m << " " << nk[0] << "x" << nk[1];
+      }
+    }
+  }
+  EXPECT_EQ(BuiltinTunedTable().size(), expected);
+  EXPECT_EQ(count.size(), expected);
+}
+
+TEST(BuiltinTableTest, EveryRowIsAValidLaunchOfItsShape) {
+  for (const TunedChoice& c : BuiltinTunedTable()) {
+    const GemvShape shape{c.m, c.n, c.k};
+    SCOPED_TRACE(absl::StrCat(c.config.ToString(), " for ", shape.ToString()));
+    EXPECT_EQ(c.config.format, c.format);
+    EXPECT_TRUE(Validate(c.config, shape).ok()) << Msg(Validate(c.config, shape));
+    EXPECT_EQ(c.config.nb, TokenBlocksFor(c.m));  // no wasted token blocks
+    EXPECT_TRUE(std::isfinite(c.time_us) && c.time_us >= 0);
+  }
+  // The same object every time (callers keep references).
+  EXPECT_EQ(&BuiltinTunedTable(), &BuiltinTunedTable());
+}
+
+// ----------------------------------------------------------------------------------------------
+// The heuristic.
+
+TEST(HeuristicTest, TokenBlocks) {
+  for (int64_t m = -3; m <= 100; ++m) {
+    const int64_t rows = std::clamp<int64_t>(m, 1, 32);
+    const int nb = TokenBlocksFor(m);
+    EXPECT_GE(nb, 1);
+    EXPECT_LE(nb, 4);
+    EXPECT_GE(8 * nb, rows) << m;
+    EXPECT_LT(8 * (nb - 1), rows) << m;
+  }
+}
+
+// Is there a valid configuration with `nb` token blocks (brute force over every NW)?
+bool AnyValidWithTokenBlocks(const GemvShape& shape, WeightFormat f, int nb) {
+  for (int nw = nb; nw <= 32; ++nw) {
+    const KernelConfig c{f, nw, 1, nb, 3, 1};
+    if (Validate(c, GemvShape{std::min<int64_t>(shape.m, 8 * nb), shape.n, shape.k}).ok()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+TEST(HeuristicTest, AlwaysValidForRandomShapes) {
+  const uint64_t seed = Seed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  const int kSmCounts[] = {1, 8, 46, 78, 108, 132, 1000};
+  for (int i = 0; i < 3000; ++i) {
+    // K of every factorisation: small, odd multiples of 64, powers of two, large.
+    int64_t k = 0;
+    switch (rng() % 4) {
+      case 0:
+        k = 64 * (1 + static_cast<int64_t>(rng() % 16));
+        break;
+      case 1:
+        k = 64 * (1 + 2 * static_cast<int64_t>(rng() % 500));
+        break;
+      case 2:
+        k = int64_t{64} << (rng() % 12);
+        break;
+      default:
+        k = 64 * (1 + static_cast<int64_t>(rng() % 4096));
+        break;
+    }
+    const GemvShape shape{1 + static_cast<int64_t>(rng() % 48),
+                          16 * (1 + static_cast<int64_t>(rng() % 8192)), k};
+    const WeightFormat f = kFormats[rng() % 2];
+    const int sm = kSmCounts[rng() % 7];
+    SCOPED_TRACE(absl::StrCat(shape.ToString(), " ", std::string(FormatName(f)), " sm", sm));
+    const KernelConfig c = HeuristicConfig(shape, f, sm);
+    EXPECT_EQ(c.format, f);
+    const GemvShape launch{std::min<int64_t>(shape.m, c.tokens_per_launch()), shape.n, shape.k};
+    ASSERT_TRUE(Validate(c, launch).ok()) << Msg(Validate(c, launch));
+    // NB covers m (up to 32) unless K leaves no valid configuration with that many blocks.
+    const int wanted = TokenBlocksFor(shape.m);
+    EXPECT_LE(c.nb, wanted);
+    if (c.nb < wanted) {
+      EXPECT_FALSE(AnyValidWithTokenBlocks(shape, f, wanted)) << c.ToString();
+    }
+    if ((k / 64) % wanted == 0) EXPECT_EQ(c.nb, wanted) << c.ToString();
+    EXPECT_EQ(HeuristicConfig(shape, f, sm), c);  // deterministic
+  }
+}
+
+TEST(HeuristicTest, FillsTheGpuWhenKAllows) {
+  const uint64_t seed = Seed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 500; ++i) {
+    // K = 16384 * j: S = 8 with 8 warps of 2 groups still leaves 2 trips per warp.
+    const GemvShape shape{1 + static_cast<int64_t>(rng() % 16),
+                          16 * (1 + static_cast<int64_t>(rng() % 600)),
+                          16384 * (1 + static_cast<int64_t>(rng() % 4))};
+    const int sm = 132;
+    const KernelConfig c = HeuristicConfig(shape, WeightFormat::kZ12, sm);
+    const int64_t row_blocks = shape.n / 16;
+    const int64_t trips = shape.k / 64 / (int64_t{c.splits} * c.nw * c.ug);
+    EXPECT_GE(row_blocks * c.splits, std::min<int64_t>(2 * sm, row_blocks * 8))
+        << shape.ToString() << " " << c.ToString();
+    EXPECT_GE(trips, 2) << shape.ToString() << " " << c.ToString();
+  }
+  // The suite at m = 1..16: two waves of CTAs and at least two trips per warp, everywhere.
+  for (WeightFormat f : kFormats) {
+    for (const auto& nk : kSuite) {
+      for (int64_t m = 1; m <= 16; ++m) {
+        const GemvShape shape{m, nk[0], nk[1]};
+        const KernelConfig c = HeuristicConfig(shape, f);
+        EXPECT_GE(nk[0] / 16 * c.splits, 2 * 132) << shape.ToString() << " " << c.ToString();
+        EXPECT_GE(nk[1] / 64 / (int64_t{c.splits} * c.nw * c.ug), 2)
+            << shape.ToString() << " " << c.ToString();
+        EXPECT_EQ(c.nb, TokenBlocksFor(m));
+      }
+    }
+  }
+}
+
+TEST(HeuristicTest, EdgeShapes) {
+  // Few row blocks and a long K: split K all the way and use more warps.
+  KernelConfig c = HeuristicConfig(GemvShape{1, 16, 1 << 20}, WeightFormat::kZ12, 132);
+  EXPECT_EQ(c.splits, 8) << c.ToString();
+  EXPECT_EQ(c.nw, 16) << c.ToString();
+  // The smallest K: one group, one warp; m = 16 needs NB = 2, which K = 64 cannot take.
+  c = HeuristicConfig(GemvShape{16, 4096, 64}, WeightFormat::kZ12, 132);
+  EXPECT_EQ(c.nb, 1) << c.ToString();
+  EXPECT_TRUE(Validate(c, GemvShape{8, 4096, 64}).ok());
+  // K = 64 * 3 with m = 16: NW = 3 >= NB = 2 divides it.
+  c = HeuristicConfig(GemvShape{16, 4096, 192}, WeightFormat::kBf16, 132);
+  EXPECT_EQ(c.nb, 2) << c.ToString();
+  EXPECT_TRUE(Validate(c, GemvShape{16, 4096, 192}).ok());
+  // Rows above one launch: 32-row chunks.
+  c = HeuristicConfig(GemvShape{1000, 4096, 4096}, WeightFormat::kZ12, 132);
+  EXPECT_EQ(c.nb, 4);
+  EXPECT_TRUE(Validate(c, GemvShape{32, 4096, 4096}).ok());
+  // Nonsense SM counts do not break it.
+  for (int sm : {0, -5}) {
+    c = HeuristicConfig(GemvShape{8, 4096, 4096}, WeightFormat::kZ12, sm);
+    EXPECT_TRUE(Validate(c, GemvShape{8, 4096, 4096}).ok());
+  }
+  // m < 1 plans like m = 1.
+  EXPECT_EQ(HeuristicConfig(GemvShape{0, 4096, 4096}, WeightFormat::kZ12),
+            HeuristicConfig(GemvShape{1, 4096, 4096}, WeightFormat::kZ12));
+}
+
+// ----------------------------------------------------------------------------------------------
+// The sweep space.
+
+TEST(SweepSpaceTest, ExactlyTheValidGridInAStableOrder) {
+  const uint64_t seed = Seed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<GemvShape, WeightFormat>> shapes;
+  for (WeightFormat f : kFormats) {
+    for (const auto& nk : kSuite) {
+      for (int64_t m : {1, 8, 16}) shapes.push_back({GemvShape{m, nk[0], nk[1]}, f});
+    }
+  }
+  for (int i = 0; i < 30; ++i) {
+    shapes.push_back({GemvShape{1 + static_cast<int64_t>(rng() % 40),
+                                16 * (1 + static_cast<int64_t>(rng() % 2048)),
+                                64 * (1 + static_cast<int64_t>(rng() % 512))},
+                      kFormats[rng() % 2]});
+  }
+  for (const auto& [shape, f] : shapes) {
+    SCOPED_TRACE(absl::StrCat(shape.ToString(), " ", std::string(FormatName(f))));
+    const std::vector<KernelConfig> space = SweepSpace(shape, f);
+    // The grid, brute force, in the documented nesting order.
+    const int nb0 = TokenBlocksFor(shape.m);
+    const GemvShape launch{std::min<int64_t>(shape.m, 8 * nb0), shape.n, shape.k};
+    std::vector<KernelConfig> expected;
+    for (int nb = nb0; nb <= std::min(nb0 + 1, 4); ++nb) {
+      for (int nw : {1, 2, 4, 6, 8, 12, 16}) {
+        for (int ug : {1, 2, 4}) {
+          for (int pipe = 0; pipe < 4; ++pipe) {
+            for (int s : {1, 2, 3, 4, 6, 8}) {
+              const KernelConfig c{f, nw, ug, nb, pipe, s};
+              if (Validate(c, launch).ok()) expected.push_back(c);
+            }
+          }
+        }
+      }
+    }
+    ASSERT_EQ(space.size(), expected.size());
+    for (size_t i = 0; i < space.size(); ++i) EXPECT_EQ(space[i], expected[i]) << i;
+    const absl::flat_hash_set<KernelConfig> distinct(space.begin(), space.end());
+    EXPECT_EQ(distinct.size(), space.size());
+    EXPECT_EQ(SweepSpace(shape, f), space);
+  }
+}
+
+TEST(SweepSpaceTest, TokenBlocksCoverM) {
+  const std::pair<int64_t, std::set<int>> cases[] = {
+      {1, {1, 2}},  {8, {1, 2}}, {9, {2, 3}}, {16, {2, 3}}, {17, {3, 4}},
+      {24, {3, 4}}, {25, {4}},   {32, {4}},   {33, {4}},    {500, {4}}};
+  for (const auto& [m, nbs] : cases) {
+    std::set<int> got;
+    for (const KernelConfig& c : SweepSpace(GemvShape{m, 4096, 8192}, WeightFormat::kZ12)) {
+      got.insert(c.nb);
+    }
+    EXPECT_EQ(got, nbs) << "m" << m;
+  }
+}
+
+TEST(SweepSpaceTest, ContainsTheTunedTableAndIsBounded) {
+  for (const TunedChoice& c : BuiltinTunedTable()) {
+    const std::vector<KernelConfig> space = SweepSpace(GemvShape{c.m, c.n, c.k}, c.format);
+    EXPECT_NE(std::find(space.begin(), space.end(), c.config), space.end())
+        << c.config.ToString() << " m" << c.m << " " << c.n << "x" << c.k;
+    EXPECT_LE(space.size(), 2u * 7 * 3 * 4 * 6);
+    EXPECT_GE(space.size(), 50u);  // the suite's shapes leave plenty to time
+  }
+  // Nothing is valid for shapes no kernel takes.
+  EXPECT_TRUE(SweepSpace(GemvShape{1, 4100, 4096}, WeightFormat::kZ12).empty());
+  EXPECT_TRUE(SweepSpace(GemvShape{1, 4096, 4000}, WeightFormat::kZ12).empty());
+}
+
+// ----------------------------------------------------------------------------------------------
+// Warm-up defaults.
+
+TEST(DefaultWarmupTest, DistinctKernelsOfTheTableAndTheHeuristic) {
+  const std::vector<KernelConfig> warm = DefaultWarmupConfigs();
+  absl::flat_hash_set<std::string> names;
+  for (const KernelConfig& c : warm) {
+    EXPECT_EQ(c.splits, 1) << c.ToString();
+    EXPECT_TRUE(ValidateConfig(c).ok()) << c.ToString();
+    EXPECT_TRUE(names.insert(c.KernelName()).second) << "twice: " << c.KernelName();
+  }
+  for (const TunedChoice& c : BuiltinTunedTable()) {
+    EXPECT_TRUE(names.contains(c.config.KernelName())) << c.config.KernelName();
+  }
+  for (WeightFormat f : kFormats) {
+    for (const auto& nk : kSuite) {
+      for (int64_t m = 1; m <= 16; ++m) {
+        const KernelConfig h = HeuristicConfig(GemvShape{m, nk[0], nk[1]}, f);
+        EXPECT_TRUE(names.contains(h.KernelName())) << h.KernelName();
+      }
+    }
+  }
+  EXPECT_EQ(DefaultWarmupConfigs(), warm);  // stable
+  std::printf("[ info ] %zu default warm-up kernels\n", warm.size());
+}
+
+// ----------------------------------------------------------------------------------------------
+// ChooseConfig.
+
+class ChooseConfigTest : public TuningFileTest {
+ protected:
+  void SetUp() override {
+    TuningFileTest::SetUp();
+    ASSERT_TRUE(internal::ReloadTuningFile().ok());
+  }
+
+  static GemvPlan Choose(const GemvShape& shape, WeightFormat f, const std::string& arch = "sm_90",
+                         int sm = 132) {
+    absl::StatusOr<GemvPlan> plan = ChooseConfig(shape, f, arch, sm);
+    EXPECT_TRUE(plan.ok()) << shape.ToString() << ": " << Msg(plan.status());
+    return plan.ok() ? *plan : GemvPlan{};
+  }
+
+  static const TunedChoice& TableEntry(WeightFormat f, int64_t m, int64_t n, int64_t k) {
+    for (const TunedChoice& c : BuiltinTunedTable()) {
+      if (c.format == f && c.m == m && c.n == n && c.k == k) return c;
+    }
+    ADD_FAILURE() << "no table entry for m" << m << " " << n << "x" << k;
+    return BuiltinTunedTable().front();
+  }
+};
+
+TEST_F(ChooseConfigTest, TableEntriesAreUsedExactly) {
+  for (const TunedChoice& c : BuiltinTunedTable()) {
+    const GemvPlan plan = Choose(GemvShape{c.m, c.n, c.k}, c.format, c.arch);
+    EXPECT_EQ(plan.source, "tuned");
+    EXPECT_EQ(plan.config, c.config);
+    EXPECT_EQ(plan.chunk_m, c.m);
+  }
+}
+
+TEST_F(ChooseConfigTest, BetweenTableRowsTheNextMUpServes) {
+  for (WeightFormat f : kFormats) {
+    for (const auto& nk : kSuite) {
+      for (int64_t m = 1; m <= 16; ++m) {
+        const int64_t up = m <= 1 ? 1 : m <= 8 ? 8 : 16;
+        const GemvPlan plan = Choose(GemvShape{m, nk[0], nk[1]}, f);
+        EXPECT_EQ(plan.source, "tuned") << m;
+        EXPECT_EQ(plan.config, TableEntry(f, up, nk[0], nk[1]).config) << m;
+        EXPECT_EQ(plan.chunk_m, m);
+        EXPECT_TRUE(Validate(plan.config, GemvShape{m, nk[0], nk[1]}).ok());
+      }
+    }
+  }
+}
+
+TEST_F(ChooseConfigTest, BeyondTheTableTheHeuristic) {
+  for (WeightFormat f : kFormats) {
+    for (const auto& nk : kSuite) {
+      for (int64_t m : {17, 24, 31, 32}) {
+        const GemvShape shape{m, nk[0], nk[1]};
+        const GemvPlan plan = Choose(shape, f);
+        EXPECT_EQ(plan.source, "heuristic");
+        EXPECT_EQ(plan.config, HeuristicConfig(shape, f, 132));
+        EXPECT_EQ(plan.chunk_m, m);
+      }
+      // More rows than one launch takes: 32-row chunks.
+      const GemvPlan plan = Choose(GemvShape{100, nk[0], nk[1]}, f);
+      EXPECT_EQ(plan.source, "heuristic");
+      EXPECT_EQ(plan.chunk_m, 32);
+      EXPECT_EQ(plan.config.nb, 4);
+    }
+  }
+  // Another architecture, or an unseen shape: the heuristic, with the caller's SM count.
+  const GemvShape suite{8, 4096, 8192};
+  GemvPlan plan = Choose(suite, WeightFormat::kZ12, "sm_80", 108);
+  EXPECT_EQ(plan.source, "heuristic");
+  EXPECT_EQ(plan.config, HeuristicConfig(suite, WeightFormat::kZ12, 108));
+  const GemvShape unseen{3, 2048, 5120};
+  for (int sm : {16, 132}) {
+    plan = Choose(unseen, WeightFormat::kBf16, "sm_90", sm);
+    EXPECT_EQ(plan.source, "heuristic");
+    EXPECT_EQ(plan.config, HeuristicConfig(unseen, WeightFormat::kBf16, sm));
+    EXPECT_EQ(plan.chunk_m, 3);
+  }
+  // K = 64 cannot take two token blocks: the plan says to run 8-row chunks.
+  plan = Choose(GemvShape{16, 4096, 64}, WeightFormat::kZ12);
+  EXPECT_EQ(plan.chunk_m, 8);
+  EXPECT_TRUE(Validate(plan.config, GemvShape{8, 4096, 64}).ok());
+}
+
+TEST_F(ChooseConfigTest, ShapesNoKernelTakesAreErrors) {
+  const std::pair<GemvShape, const char*> cases[] = {
+      {{0, 4096, 4096}, "m must be at least 1"},
+      {{-1, 4096, 4096}, "m must be at least 1"},
+      {{1, 4100, 4096}, "N must be a positive multiple of 16"},
+      {{1, 0, 4096}, "N must be a positive multiple of 16"},
+      {{1, 4096, 4000}, "K must be a positive multiple of 64"},
+  };
+  for (const auto& [shape, message] : cases) {
+    absl::StatusOr<GemvPlan> plan = ChooseConfig(shape, WeightFormat::kZ12, "sm_90", 132);
+    ASSERT_FALSE(plan.ok()) << shape.ToString();
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_CONTAINS(Msg(plan.status()), message);
+    EXPECT_CONTAINS(Msg(plan.status()), shape.ToString());
+  }
+}
+
+TEST_F(ChooseConfigTest, TheTuningFileComesFirst) {
+  const GemvShape shape{8, 4096, 8192};
+  ASSERT_EQ(Choose(shape, WeightFormat::kZ12).source, "tuned");
+  const KernelConfig winner{WeightFormat::kZ12, 4, 1, 1, 0, 4};
+  ASSERT_NE(winner, TableEntry(WeightFormat::kZ12, 8, 4096, 8192).config);
+  ASSERT_TRUE(SaveTunedChoices({{"sm_90", WeightFormat::kZ12, 8, 4096, 8192, winner, 7.5},
+                                {"sm_90", WeightFormat::kBf16, 5, 2048, 5120,
+                                 KernelConfig{WeightFormat::kBf16, 4, 1, 1, 1, 1}, 3.0}})
+                  .ok());
+  // A save in this process is seen at once.
+  GemvPlan plan = Choose(shape, WeightFormat::kZ12);
+  EXPECT_EQ(plan.source, "tuning-file");
+  EXPECT_EQ(plan.config, winner);
+  EXPECT_EQ(plan.chunk_m, 8);
+  plan = Choose(GemvShape{5, 2048, 5120}, WeightFormat::kBf16);
+  EXPECT_EQ(plan.source, "tuning-file");
+  EXPECT_EQ(plan.config, (KernelConfig{WeightFormat::kBf16, 4, 1, 1, 1, 1}));
+  // Exact keys only: another m, format or arch falls through.
+  EXPECT_EQ(Choose(GemvShape{7, 4096, 8192}, WeightFormat::kZ12).source, "tuned");
+  EXPECT_EQ(Choose(shape, WeightFormat::kBf16).source, "tuned");
+  EXPECT_EQ(Choose(shape, WeightFormat::kZ12, "sm_100").source, "heuristic");
+}
+
+TEST_F(ChooseConfigTest, TheFileIsReadOncePerProcessUntilReloaded) {
+  const GemvShape shape{16, 6144, 4096};
+  ASSERT_EQ(Choose(shape, WeightFormat::kZ12).source, "tuned");
+  const KernelConfig winner{WeightFormat::kZ12, 8, 1, 2, 2, 1};
+  // Another process saves a winner.
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const absl::Status st =
+        SaveTunedChoices({{"sm_90", WeightFormat::kZ12, 16, 6144, 4096, winner, 5.0}});
+    ::_exit(st.ok() ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  // This process keeps what it read...
+  EXPECT_EQ(Choose(shape, WeightFormat::kZ12).source, "tuned");
+  // ...until told to read again.
+  ASSERT_TRUE(internal::ReloadTuningFile().ok());
+  const GemvPlan plan = Choose(shape, WeightFormat::kZ12);
+  EXPECT_EQ(plan.source, "tuning-file");
+  EXPECT_EQ(plan.config, winner);
+}
+
+TEST_F(ChooseConfigTest, ACorruptFileIsReportedAndIgnored) {
+  WriteAll(path_, R"({"version": 1, "entries": [{"arch": 90}]})");
+  const absl::Status st = internal::ReloadTuningFile();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_CONTAINS(Msg(st), path_);
+  EXPECT_CONTAINS(Msg(internal::TuningFileStatus()), path_);
+  for (const TunedChoice& c : BuiltinTunedTable()) {
+    const GemvPlan plan = Choose(GemvShape{c.m, c.n, c.k}, c.format);
+    EXPECT_EQ(plan.source, "tuned");
+    EXPECT_EQ(plan.config, c.config);
+  }
+  // Fixed by a save (which keeps the bad one aside): the status clears.
+  ASSERT_TRUE(SaveTunedChoices({}).ok());
+  EXPECT_EQ(Choose(GemvShape{1, 4096, 4096}, WeightFormat::kZ12).source, "tuned");
+  EXPECT_TRUE(internal::TuningFileStatus().ok()) << Msg(internal::TuningFileStatus());
+}
+
+TEST_F(ChooseConfigTest, ConcurrentCallersAgree) {
+  const uint64_t seed = Seed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  ASSERT_TRUE(SaveTunedChoices({{"sm_90", WeightFormat::kZ12, 1, 4096, 4096,
+                                 KernelConfig{WeightFormat::kZ12, 2, 1, 1, 1, 1}, 1.0}})
+                  .ok());
+  struct Query {
+    GemvShape shape;
+    WeightFormat format;
+    int sm;
+    GemvPlan expected;
+  };
+  std::vector<Query> queries;
+  for (int i = 0; i < 64; ++i) {
+    Query q;
+    if (i % 2 == 0) {
+      const auto& nk = kSuite[rng() % 7];
+      q.shape = GemvShape{1 + static_cast<int64_t>(rng() % 40), nk[0], nk[1]};
+    } else {
+      q.shape = GemvShape{1 + static_cast<int64_t>(rng() % 40),
+                          16 * (1 + static_cast<int64_t>(rng() % 1024)),
+                          64 * (1 + static_cast<int64_t>(rng() % 256))};
+    }
+    q.shape = i == 0 ? GemvShape{1, 4096, 4096} : q.shape;
+    q.format = i == 0 ? WeightFormat::kZ12 : kFormats[rng() % 2];
+    q.sm = i % 3 == 0 ? 78 : 132;
+    q.expected = Choose(q.shape, q.format, "sm_90", q.sm);
+    queries.push_back(q);
+  }
+  EXPECT_EQ(queries[0].expected.source, "tuning-file");
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 3000; ++i) {
+        const Query& q = queries[(i * 7 + t) % queries.size()];
+        absl::StatusOr<GemvPlan> plan = ChooseConfig(q.shape, q.format, "sm_90", q.sm);
+        if (!plan.ok() || plan->config != q.expected.config || plan->source != q.expected.source ||
+            plan->chunk_m != q.expected.chunk_m) {
+          mismatches++;
+        }
+      }
+    });
+  }
+  // Reloads and invalidations while they run change nothing: the file is the same.
+  threads.emplace_back([] {
+    for (int i = 0; i < 50; ++i) {
+      (void)internal::ReloadTuningFile();
+      internal::InvalidateTuningFileCache();
+    }
+  });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+}  // namespace
+}  // namespace gemvz
