@@ -1,0 +1,65 @@
+// The measuring flags shared by demo, bench and tune, and their checks.
+#include "tools/gemvz/bench_flags.h"
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "tools/gemvz/common_flags.h"
+
+ABSL_FLAG(int, replays, 20, "timed CUDA-graph replays per measurement; the median is reported");
+ABSL_FLAG(int, launches, 64,
+          "launches captured in one graph (at least; rounded up to a multiple of the copies)");
+ABSL_FLAG(int64_t, rotate_mb, 512,
+          "MiB of weight copies each path rotates through (well above the 60 MB L2)");
+ABSL_FLAG(uint64_t, seed, 0, "random seed for weights and x (0: a fresh one, printed)");
+
+namespace gemvz::cli {
+
+const char kMeasureFlagsUsage[] =
+    "  --replays=N         timed CUDA-graph replays; the median is reported (default 20)\n"
+    "  --launches=N        launches captured in one graph, at least; rounded up to a multiple of\n"
+    "                      the rotated copies (default 64)\n"
+    "  --rotate_mb=MIB     each path's weight copies together reach this many MiB, so every\n"
+    "                      launch reads HBM, not L2 (default 512)\n"
+    "  --seed=N            seed of the random weights N(0, 1/K) and x N(0, 1); 0 picks a fresh\n"
+    "                      one and prints it (default 0)\n"
+    "  --device=N          GPU ordinal (default 0)\n"
+    "  --j=N               host threads for generating, packing and the reference (default 0:\n"
+    "                      all cores)\n";
+
+absl::StatusOr<TimingOptions> TimingFromFlags() {
+  TimingOptions t;
+  t.replays = absl::GetFlag(FLAGS_replays);
+  t.min_launches = absl::GetFlag(FLAGS_launches);
+  if (t.replays < 1 || t.replays > 100000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad --replays=", t.replays, ": expected 1..100000"));
+  }
+  if (t.min_launches < 1 || t.min_launches > 100000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad --launches=", t.min_launches, ": expected 1..100000"));
+  }
+  return t;
+}
+
+absl::StatusOr<WorkloadOptions> WorkloadFromFlags(uint64_t seed) {
+  WorkloadOptions w;
+  const int64_t mb = absl::GetFlag(FLAGS_rotate_mb);
+  if (mb < 1 || mb > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad --rotate_mb=", mb, ": expected 1..1048576 (MiB)"));
+  }
+  w.rotate_bytes = mb << 20;
+  w.threads = absl::GetFlag(FLAGS_j);
+  if (w.threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bad --j=", w.threads, ": expected >= 0"));
+  }
+  w.seed = seed;
+  return w;
+}
+
+uint64_t SeedFromFlag() {
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  return seed != 0 ? seed : RandomSeed();
+}
+
+}  // namespace gemvz::cli

@@ -1,0 +1,28 @@
+// Flags that demo, bench and tune share for measuring: replays, launches per graph, rotation size
+// and the random seed. Defined once in bench_flags.cc.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "tools/gemvz/bench_gpu.h"
+
+ABSL_DECLARE_FLAG(int, replays);
+ABSL_DECLARE_FLAG(int, launches);
+ABSL_DECLARE_FLAG(int64_t, rotate_mb);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+
+namespace gemvz::cli {
+
+// The flags' values, checked: a bad value names the flag.
+absl::StatusOr<TimingOptions> TimingFromFlags();
+// `seed` is the value to use: --seed, or a fresh one when it is 0 (the caller prints it).
+absl::StatusOr<WorkloadOptions> WorkloadFromFlags(uint64_t seed);
+// --seed, or a fresh random seed when it is 0.
+uint64_t SeedFromFlag();
+
+// The flag lines each measuring command's usage text includes.
+extern const char kMeasureFlagsUsage[];
+
+}  // namespace gemvz::cli

@@ -1,0 +1,639 @@
+// GPU-side machinery of the gemvz CLI: sessions, buffers, graph timing, cuBLAS through dlopen, the
+// bandwidth probe and one shape's rotated workload (bench_gpu.h says what each is for).
+#include "tools/gemvz/bench_gpu.h"
+
+#include <cublas_api.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gemvz/format.h"
+#include "runtime/common/status_macros.h"
+#include "runtime/jit/kernel_cache.h"
+
+namespace gemvz::cli {
+namespace {
+
+constexpr int kProbeThreads = 512;  // the kernel's __launch_bounds__
+constexpr int kProbeBlocksPerSm = 4;
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+uint64_t Mix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+std::string ShapeLabel(const MatrixShape& shape) {
+  return shape.name.empty() ? shape.ToString() : absl::StrCat(shape.name, " ", shape.ToString());
+}
+
+}  // namespace
+
+void Progress(const std::string& line) {
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+std::string NoGpuReason() {
+  if (internal::DeviceCount() > 0) return "";
+  absl::StatusOr<const internal::DriverApi*> driver = internal::Driver();
+  if (!driver.ok()) return std::string(driver.status().message());
+  return "the CUDA driver reports no GPU";
+}
+
+// --- DeviceBuffer ------------------------------------------------------------------------------
+
+absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
+  DeviceBuffer buffer;
+  if (bytes == 0) return buffer;
+  CU_RETURN_IF_ERROR(cuMemAlloc(&buffer.ptr_, bytes));
+  buffer.bytes_ = bytes;
+  return buffer;
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : ptr_(std::exchange(other.ptr_, 0)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    ptr_ = std::exchange(other.ptr_, 0);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+DeviceBuffer::~DeviceBuffer() { Release(); }
+
+void DeviceBuffer::Release() {
+  if (ptr_ == 0) return;
+  absl::StatusOr<const internal::DriverApi*> driver = internal::Driver();
+  if (driver.ok()) (*driver)->cuMemFree(ptr_);
+  ptr_ = 0;
+  bytes_ = 0;
+}
+
+// --- GpuSession --------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(int device) {
+  const int count = internal::DeviceCount();
+  if (count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("no GPU: ", NoGpuReason()));
+  }
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device ", device, ": this machine has ", count, " GPU(s), 0..", count - 1));
+  }
+  ASSIGN_OR_RETURN(internal::ScopedDeviceContext scope, internal::ScopedDeviceContext::Enter(device));
+  ASSIGN_OR_RETURN(const internal::DriverApi* drv, internal::Driver());
+  GpuInfo info;
+  info.device = device;
+  CUdevice dev = 0;
+  CU_RETURN_IF_ERROR(cuDeviceGet(&dev, device));
+  char name[256] = {0};
+  CU_RETURN_IF_ERROR(cuDeviceGetName(name, sizeof(name) - 1, dev));
+  info.name = name;
+  size_t total = 0;
+  CU_RETURN_IF_ERROR(cuDeviceTotalMem(&total, dev));
+  info.memory_bytes = static_cast<int64_t>(total);
+  auto attribute = [&](CUdevice_attribute a) {
+    int v = 0;
+    drv->cuDeviceGetAttribute(&v, a, dev);
+    return v;
+  };
+  info.limits.max_threads_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+  info.limits.max_shared_per_block = attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK);
+  info.limits.max_grid_x = attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X);
+  info.limits.max_grid_y = attribute(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y);
+  info.limits.sm_count = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  info.limits.cc_major = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+  info.limits.cc_minor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+  int version = 0;
+  CU_RETURN_IF_ERROR(cuDriverGetVersion(&version));
+  info.cuda_driver_api = absl::StrCat(version / 1000, ".", (version % 1000) / 10);
+  ASSIGN_OR_RETURN(info.arch, internal::DeviceArch(device));
+  // Non-blocking: nothing on the legacy stream may slip into a graph capture on this one.
+  CUstream stream = nullptr;
+  CU_RETURN_IF_ERROR(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  return std::unique_ptr<GpuSession>(new GpuSession(std::move(scope), std::move(info), stream));
+}
+
+GpuSession::~GpuSession() {
+  absl::StatusOr<const internal::DriverApi*> driver = internal::Driver();
+  if (driver.ok() && stream_ != nullptr) (*driver)->cuStreamDestroy(stream_);
+}
+
+absl::Status GpuSession::Synchronize() const {
+  CU_RETURN_IF_ERROR(cuStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+// --- Graph timing ------------------------------------------------------------------------------
+
+absl::StatusOr<double> TimeGraphMicros(CUstream stream, int launches, const TimingOptions& options,
+                                       const std::function<absl::Status(int)>& enqueue) {
+  if (launches < 1 || options.replays < 1 || options.warmup_replays < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("graph timing needs launches >= 1 (", launches,
+                                                   ") and replays >= 1 (", options.replays, ")"));
+  }
+  ASSIGN_OR_RETURN(const internal::DriverApi* drv, internal::Driver());
+  // Thread-local capture: a call that would allocate or synchronise inside the graph fails here
+  // instead of being timed wrongly.
+  CU_RETURN_IF_ERROR(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  absl::Status enqueued = absl::OkStatus();
+  for (int i = 0; i < launches && enqueued.ok(); ++i) enqueued = enqueue(i);
+  CUgraph graph = nullptr;
+  const CUresult ended = drv->cuStreamEndCapture(stream, &graph);
+  if (!enqueued.ok()) {
+    if (graph != nullptr) drv->cuGraphDestroy(graph);
+    return absl::Status(enqueued.code(),
+                        absl::StrCat("while capturing a CUDA graph: ", enqueued.message()));
+  }
+  if (ended != CUDA_SUCCESS) {
+    return internal::CuResultToStatus(ended, "cuStreamEndCapture", __FILE__, __LINE__);
+  }
+  CUgraphExec exec = nullptr;
+  const CUresult instantiated = drv->cuGraphInstantiate(&exec, graph, 0);
+  drv->cuGraphDestroy(graph);
+  if (instantiated != CUDA_SUCCESS) {
+    return internal::CuResultToStatus(instantiated, "cuGraphInstantiate", __FILE__, __LINE__);
+  }
+  CUevent start = nullptr, stop = nullptr;
+  absl::Cleanup release = [&] {
+    if (start != nullptr) drv->cuEventDestroy(start);
+    if (stop != nullptr) drv->cuEventDestroy(stop);
+    drv->cuGraphExecDestroy(exec);
+  };
+  CU_RETURN_IF_ERROR(cuEventCreate(&start, CU_EVENT_DEFAULT));
+  CU_RETURN_IF_ERROR(cuEventCreate(&stop, CU_EVENT_DEFAULT));
+  for (int w = 0; w < options.warmup_replays; ++w) CU_RETURN_IF_ERROR(cuGraphLaunch(exec, stream));
+  CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));
+  std::vector<double> per_launch_us;
+  per_launch_us.reserve(options.replays);
+  for (int r = 0; r < options.replays; ++r) {
+    CU_RETURN_IF_ERROR(cuEventRecord(start, stream));
+    CU_RETURN_IF_ERROR(cuGraphLaunch(exec, stream));
+    CU_RETURN_IF_ERROR(cuEventRecord(stop, stream));
+    CU_RETURN_IF_ERROR(cuEventSynchronize(stop));
+    float ms = 0;
+    CU_RETURN_IF_ERROR(cuEventElapsedTime(&ms, start, stop));
+    per_launch_us.push_back(static_cast<double>(ms) * 1000.0 / launches);
+  }
+  std::sort(per_launch_us.begin(), per_launch_us.end());
+  const size_t h = per_launch_us.size() / 2;
+  return per_launch_us.size() % 2 == 1 ? per_launch_us[h]
+                                        : 0.5 * (per_launch_us[h - 1] + per_launch_us[h]);
+}
+
+// --- cuBLAS ------------------------------------------------------------------------------------
+
+struct Cublas::Api {
+  void* library = nullptr;
+  cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
+  cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
+  cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
+  cublasStatus_t (*set_workspace)(cublasHandle_t, void*, size_t) = nullptr;
+  cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t) = nullptr;
+  cublasStatus_t (*get_version)(cublasHandle_t, int*) = nullptr;
+  const char* (*status_string)(cublasStatus_t) = nullptr;
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*,
+                            cudaDataType, int, const void*, void*, cudaDataType, int,
+                            cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+};
+
+std::vector<std::string> CublasCandidates() {
+  std::vector<std::string> out;
+  auto add = [&](std::string path) {
+    if (!path.empty() && std::find(out.begin(), out.end(), path) == out.end()) {
+      out.push_back(std::move(path));
+    }
+  };
+  if (const char* explicit_path = std::getenv("GEMVZ_CUBLAS_LIBRARY")) add(explicit_path);
+  add("libcublas.so.13");
+  add("libcublas.so.12");
+  for (const char* var : {"CUDA_HOME", "CUDA_PATH"}) {
+    const char* root = std::getenv(var);
+    if (root == nullptr || *root == '\0') continue;
+    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
+      add(absl::StrCat(root, "/lib64/", name));
+    }
+  }
+  for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
+    add(absl::StrCat("/usr/local/cuda/lib64/", name));
+  }
+  return out;
+}
+
+namespace {
+
+template <typename Fn>
+bool Resolve(void* library, const char* symbol, Fn* fn, std::string* missing) {
+  *fn = reinterpret_cast<Fn>(dlsym(library, symbol));
+  if (*fn == nullptr) *missing = symbol;
+  return *fn != nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<Cublas::Api>> LoadCublasApi(std::string* loaded_from) {
+  std::vector<std::string> tried;
+  for (const std::string& candidate : CublasCandidates()) {
+    void* library = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      const char* why = dlerror();
+      tried.push_back(absl::StrCat(candidate, " (", why != nullptr ? why : "not found", ")"));
+      continue;
+    }
+    auto api = std::make_unique<Cublas::Api>();
+    api->library = library;
+    std::string missing;
+    if (Resolve(library, "cublasCreate_v2", &api->create, &missing) &&
+        Resolve(library, "cublasDestroy_v2", &api->destroy, &missing) &&
+        Resolve(library, "cublasSetStream_v2", &api->set_stream, &missing) &&
+        Resolve(library, "cublasSetWorkspace_v2", &api->set_workspace, &missing) &&
+        Resolve(library, "cublasSetMathMode", &api->set_math_mode, &missing) &&
+        Resolve(library, "cublasGetVersion_v2", &api->get_version, &missing) &&
+        Resolve(library, "cublasGetStatusString", &api->status_string, &missing) &&
+        Resolve(library, "cublasGemmEx", &api->gemm_ex, &missing)) {
+      *loaded_from = candidate;
+      return api;
+    }
+    tried.push_back(absl::StrCat(candidate, " (no symbol ", missing, ")"));
+    dlclose(library);
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "cannot load cuBLAS for the comparison; tried: ", absl::StrJoin(tried, "; "),
+      ". Set GEMVZ_CUBLAS_LIBRARY to the path of libcublas.so"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Cublas>> Cublas::Open(CUstream stream) {
+  std::unique_ptr<Cublas> blas(new Cublas());
+  ASSIGN_OR_RETURN(blas->api_, LoadCublasApi(&blas->library_));
+  const Api& api = *blas->api_;
+  auto check = [&](cublasStatus_t s, const char* call) -> absl::Status {
+    if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(call, " failed: ", api.status_string(s), " (",
+                                            static_cast<int>(s), "), cuBLAS from ",
+                                            blas->library_));
+  };
+  cublasHandle_t handle = nullptr;
+  RETURN_IF_ERROR(check(api.create(&handle), "cublasCreate"));
+  blas->handle_ = handle;
+  RETURN_IF_ERROR(check(api.set_stream(handle, stream), "cublasSetStream"));
+  ASSIGN_OR_RETURN(blas->workspace_, DeviceBuffer::Allocate(kCublasWorkspaceBytes));
+  RETURN_IF_ERROR(check(api.set_workspace(handle, reinterpret_cast<void*>(blas->workspace_.ptr()),
+                                          blas->workspace_.bytes()),
+                        "cublasSetWorkspace"));
+  RETURN_IF_ERROR(check(api.set_math_mode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+  RETURN_IF_ERROR(check(api.get_version(handle, &blas->version_), "cublasGetVersion"));
+  return blas;
+}
+
+Cublas::~Cublas() {
+  if (handle_ != nullptr && api_ != nullptr) {
+    api_->destroy(static_cast<cublasHandle_t>(handle_));
+  }
+  // The library stays loaded: cuBLAS's own exit handlers may still run.
+}
+
+absl::Status Cublas::GemmBf16(CUdeviceptr w, CUdeviceptr x, CUdeviceptr out, int64_t m, int64_t n,
+                              int64_t k) const {
+  // Column-major view: out^T [n, m] = (W as a k x n column-major matrix)^T * (x^T, k x m).
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t s = api_->gemm_ex(
+      static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+      static_cast<int>(m), static_cast<int>(k), &alpha, reinterpret_cast<const void*>(w),
+      CUDA_R_16BF, static_cast<int>(k), reinterpret_cast<const void*>(x), CUDA_R_16BF,
+      static_cast<int>(k), &beta, reinterpret_cast<void*>(out), CUDA_R_16BF, static_cast<int>(n),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(absl::StrFormat("cublasGemmEx (m %d, n %d, k %d) failed: %s (%d)",
+                                               m, n, k, api_->status_string(s),
+                                               static_cast<int>(s)));
+  }
+  return absl::OkStatus();
+}
+
+// --- Bandwidth probe ---------------------------------------------------------------------------
+
+absl::StatusOr<BandwidthProbe> BandwidthProbe::Load(const GpuSession& session) {
+  BandwidthProbe probe;
+  ASSIGN_OR_RETURN(internal::LoadedKernel kernel,
+                   internal::GetKernelByName(session.info().device, "bandwidth_probe.cuh",
+                                             "gemvz_bandwidth_probe<4>"));
+  probe.function_ = kernel.function;
+  probe.blocks_ = std::max(1, session.info().limits.sm_count * kProbeBlocksPerSm);
+  ASSIGN_OR_RETURN(DeviceBuffer sink, DeviceBuffer::Allocate(sizeof(unsigned) * probe.blocks_));
+  probe.sink_ = std::make_shared<DeviceBuffer>(std::move(sink));
+  return probe;
+}
+
+absl::Status BandwidthProbe::Launch(CUdeviceptr src, int64_t bytes, CUstream stream) const {
+  long long units = bytes / 16;
+  CUdeviceptr sink = sink_->ptr();
+  void* args[] = {&src, &units, &sink};
+  CU_RETURN_IF_ERROR(cuLaunchKernel(function_, blocks_, 1, 1, kProbeThreads, 1, 1, 0, stream, args,
+                                    nullptr));
+  return absl::OkStatus();
+}
+
+// --- ShapeWorkload -----------------------------------------------------------------------------
+
+uint64_t WeightSeed(uint64_t seed, const MatrixShape& shape) {
+  return Mix(seed ^ Mix(static_cast<uint64_t>(shape.n) * 0x100000001B3ull ^
+                        static_cast<uint64_t>(shape.k)));
+}
+uint64_t InputSeed(uint64_t seed, const MatrixShape& shape) {
+  return Mix(WeightSeed(seed, shape) ^ 0x5851F42D4C957F2Dull);
+}
+
+absl::StatusOr<std::unique_ptr<ShapeWorkload>> ShapeWorkload::Create(
+    GpuSession* session, const MatrixShape& shape, int64_t max_m, const WorkloadOptions& options) {
+  std::unique_ptr<ShapeWorkload> w(new ShapeWorkload(session, shape, options));
+  const int64_t n = shape.n, k = shape.k;
+  w->weights_ = NormalBf16(n * k, 1.0 / std::sqrt(static_cast<double>(k)),
+                           WeightSeed(options.seed, shape), options.threads);
+  const std::vector<uint16_t> x =
+      NormalBf16(max_m * k, 1.0, InputSeed(options.seed, shape), options.threads);
+  w->reference_ = ReferenceGemv(w->weights_.data(), x.data(), max_m, n, k, options.threads);
+  ASSIGN_OR_RETURN(w->x_, DeviceBuffer::Allocate(x.size() * 2));
+  CU_RETURN_IF_ERROR(cuMemcpyHtoD(w->x_.ptr(), x.data(), x.size() * 2));
+  ASSIGN_OR_RETURN(w->out_, DeviceBuffer::Allocate(static_cast<size_t>(max_m * n) * 2));
+  return w;
+}
+
+int ShapeWorkload::CopiesFor(int64_t bytes_per_copy) const {
+  int64_t copies = (options_.rotate_bytes + bytes_per_copy - 1) / std::max<int64_t>(1, bytes_per_copy);
+  copies = std::clamp<int64_t>(copies, 2, 1024);
+  // Stay within free memory (keeping 1 GiB for everything else), but never below 2 copies.
+  size_t free_bytes = 0, total_bytes = 0;
+  absl::StatusOr<const internal::DriverApi*> driver = internal::Driver();
+  if (driver.ok() && (*driver)->cuMemGetInfo(&free_bytes, &total_bytes) == CUDA_SUCCESS) {
+    const int64_t usable = static_cast<int64_t>(free_bytes) - (int64_t{1} << 30);
+    const int64_t fit = usable / std::max<int64_t>(1, bytes_per_copy);
+    if (fit < copies) {
+      Progress(absl::StrFormat("  note: only %d copies of %.1f MiB fit in free GPU memory "
+                               "(wanted %d); timings may include L2 hits",
+                               std::max<int64_t>(2, fit), MiB(bytes_per_copy), copies));
+      copies = std::max<int64_t>(2, fit);
+    }
+  }
+  return static_cast<int>(copies);
+}
+
+absl::StatusOr<const std::vector<DeviceMatrix>*> ShapeWorkload::Compressed() {
+  if (compressed_) return &*compressed_;
+  const int device = session_->info().device;
+  const int64_t n = shape_.n, k = shape_.k;
+  std::vector<DeviceMatrix> copies;
+  ASSIGN_OR_RETURN(DeviceMatrix first, DeviceMatrix::FromBf16(weights_.data(), n, k, device));
+  const int count = CopiesFor(first.weight_bytes());
+  copies.push_back(first);
+  if (first.format() == WeightFormat::kZ12) {
+    PackOptions pack_options;
+    pack_options.threads = options_.threads;
+    ASSIGN_OR_RETURN(PackedMatrix packed, Pack(weights_.data(), n, k, pack_options));
+    for (int c = 1; c < count; ++c) {
+      ASSIGN_OR_RETURN(DeviceMatrix copy, DeviceMatrix::Upload(packed, device));
+      copies.push_back(std::move(copy));
+    }
+  } else {
+    for (int c = 1; c < count; ++c) {
+      ASSIGN_OR_RETURN(DeviceMatrix copy, DeviceMatrix::UploadPlain(weights_.data(), n, k, device));
+      copies.push_back(std::move(copy));
+    }
+  }
+  compressed_ = std::move(copies);
+  return &*compressed_;
+}
+
+absl::StatusOr<const std::vector<DeviceMatrix>*> ShapeWorkload::Plain() {
+  if (plain_) return &*plain_;
+  const int device = session_->info().device;
+  const int count = CopiesFor(2 * shape_.n * shape_.k);
+  std::vector<DeviceMatrix> copies;
+  for (int c = 0; c < count; ++c) {
+    ASSIGN_OR_RETURN(DeviceMatrix copy,
+                     DeviceMatrix::UploadPlain(weights_.data(), shape_.n, shape_.k, device));
+    copies.push_back(std::move(copy));
+  }
+  plain_ = std::move(copies);
+  return &*plain_;
+}
+
+absl::StatusOr<const std::vector<DeviceBuffer>*> ShapeWorkload::Raw() {
+  if (raw_) return &*raw_;
+  const int64_t bytes = 2 * shape_.n * shape_.k;
+  const int count = CopiesFor(bytes);
+  std::vector<DeviceBuffer> copies;
+  for (int c = 0; c < count; ++c) {
+    ASSIGN_OR_RETURN(DeviceBuffer copy, DeviceBuffer::Allocate(bytes));
+    CU_RETURN_IF_ERROR(cuMemcpyHtoD(copy.ptr(), weights_.data(), bytes));
+    copies.push_back(std::move(copy));
+  }
+  raw_ = std::move(copies);
+  return &*raw_;
+}
+
+absl::StatusOr<const std::vector<DeviceMatrix>*> ShapeWorkload::ForFormat(WeightFormat format) {
+  return format == WeightFormat::kZ12 ? Compressed() : Plain();
+}
+
+absl::StatusOr<ErrorCheck> ShapeWorkload::RunAndCheck(int64_t m,
+                                                      const std::function<absl::Status()>& run,
+                                                      std::vector<uint16_t>* result) {
+  if (m < 1 || m > reference_.m) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("m ", m, " is outside the workload's 1..", reference_.m));
+  }
+  const size_t bytes = static_cast<size_t>(m * shape_.n) * 2;
+  // All ones is NaN in BF16: an element the kernel never writes fails the check.
+  CU_RETURN_IF_ERROR(cuMemsetD8Async(out_.ptr(), 0xFF, bytes, session_->stream()));
+  RETURN_IF_ERROR(run());
+  RETURN_IF_ERROR(session_->Synchronize());
+  result->resize(m * shape_.n);
+  CU_RETURN_IF_ERROR(cuMemcpyDtoH(result->data(), out_.ptr(), bytes));
+  return CheckAgainstReference(result->data(), m, reference_);
+}
+
+absl::StatusOr<double> ShapeWorkload::TimeRotated(int copies, const TimingOptions& timing,
+                                                  const std::function<absl::Status(int)>& call,
+                                                  int* launches) {
+  copies = std::max(1, copies);
+  const int rounds = std::max(1, (timing.min_launches + copies - 1) / copies);
+  *launches = rounds * copies;
+  return TimeGraphMicros(session_->stream(), *launches, timing,
+                         [&](int i) { return call(i % copies); });
+}
+
+absl::StatusOr<ShapeWorkload::GemvRun> ShapeWorkload::CheckAndTimeGemv(
+    const std::vector<DeviceMatrix>& copies, int64_t m, const GemvOptions& options,
+    const TimingOptions& timing) {
+  GemvRun run;
+  const uint16_t* x = x_.bf16();
+  uint16_t* out = out_.bf16();
+  CUstream stream = session_->stream();
+  auto gemv_on = [&](int c) { return Gemv(copies[c], x, m, out, stream, options); };
+  ASSIGN_OR_RETURN(run.check, RunAndCheck(m, [&] { return gemv_on(0); }, &run.result));
+  if (copies.size() > 1 && run.check.ok()) {
+    // The last copy came through another upload path (Upload of a Pack): check it too.
+    std::vector<uint16_t> last;
+    const int c = static_cast<int>(copies.size()) - 1;
+    ASSIGN_OR_RETURN(ErrorCheck check, RunAndCheck(m, [&] { return gemv_on(c); }, &last));
+    if (!check.ok()) {
+      run.check = check;
+    } else if (last != run.result) {
+      // Same weights, same x: the library promises the same bits, whichever way they came.
+      Progress(absl::StrFormat("  copy %d (Upload of a Pack) and copy 0 (FromBf16) gave different "
+                               "bits at m=%d", c, m));
+      ++run.check.failures;
+    }
+  }
+  ASSIGN_OR_RETURN(run.time_us,
+                   TimeRotated(static_cast<int>(copies.size()), timing, gemv_on, &run.launches));
+  return run;
+}
+
+// --- Bench -------------------------------------------------------------------------------------
+
+absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const MatrixShape& shape,
+                                                  const std::vector<int64_t>& ms) {
+  const std::string label = ShapeLabel(shape);
+  const int64_t n = shape.n, k = shape.k;
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+  CUstream stream = tools.session->stream();
+  Progress(absl::StrFormat("[bench] %s: weights, x and the CPU reference (m up to %d)", label,
+                           max_m));
+  ASSIGN_OR_RETURN(std::unique_ptr<ShapeWorkload> work,
+                   ShapeWorkload::Create(tools.session, shape, max_m, tools.workload));
+  Progress(absl::StrFormat("[bench] %s: uploading rotated copies (%.0f MiB per path)", label,
+                           MiB(tools.workload.rotate_bytes)));
+  ASSIGN_OR_RETURN(const std::vector<DeviceMatrix>* z, work->Compressed());
+  ASSIGN_OR_RETURN(const std::vector<DeviceMatrix>* p, work->Plain());
+  ASSIGN_OR_RETURN(const std::vector<DeviceBuffer>* raw, work->Raw());
+
+  // The ceiling, once per shape, on the very buffers cuBLAS reads.
+  const int64_t bf16_bytes = 2 * n * k;
+  int probe_launches = 0;
+  ASSIGN_OR_RETURN(
+      const double probe_us,
+      work->TimeRotated(static_cast<int>(raw->size()), tools.timing,
+                        [&](int c) { return tools.probe->Launch((*raw)[c].ptr(), bf16_bytes, stream); },
+                        &probe_launches));
+
+  std::vector<BenchCase> cases;
+  for (const int64_t m : ms) {
+    BenchCase c;
+    c.shape = shape;
+    c.m = m;
+    const DeviceMatrix& z0 = (*z)[0];
+    ASSIGN_OR_RETURN(GemvPlan plan, PlanGemv(z0, m));
+    c.config = plan.config.ToString();
+    c.config_source = plan.source;
+    c.weight_format = std::string(FormatName(z0.format()));
+    c.fallback_reason = z0.fallback_reason();
+    ASSIGN_OR_RETURN(GemvPlan plain_plan, PlanGemv((*p)[0], m));
+    c.plain_config = plain_plan.config.ToString();
+    c.copies_z12 = static_cast<int>(z->size());
+    c.copies_bf16 = static_cast<int>(p->size());
+    const int64_t io_bytes = 2 * m * k + 2 * m * n;
+
+    Progress(absl::StrFormat("[bench] %s m=%d: z12 (%s, %s)", label, m, c.config,
+                             c.config_source));
+    ASSIGN_OR_RETURN(ShapeWorkload::GemvRun zr, work->CheckAndTimeGemv(*z, m, {}, tools.timing));
+    c.z12 = {zr.time_us, z0.weight_bytes() + io_bytes, zr.check.max_ratio, zr.check.ok()};
+    c.launches_z12 = zr.launches;
+
+    Progress(absl::StrFormat("[bench] %s m=%d: plain BF16 (%s)", label, m, c.plain_config));
+    ASSIGN_OR_RETURN(ShapeWorkload::GemvRun pr, work->CheckAndTimeGemv(*p, m, {}, tools.timing));
+    c.plain = {pr.time_us, (*p)[0].weight_bytes() + io_bytes, pr.check.max_ratio, pr.check.ok()};
+    c.launches_bf16 = pr.launches;
+
+    Progress(absl::StrFormat("[bench] %s m=%d: cuBLAS BF16", label, m));
+    auto blas_on = [&](int copy) {
+      return tools.cublas->GemmBf16((*raw)[copy].ptr(), work->x(), work->out(), m, n, k);
+    };
+    std::vector<uint16_t> blas_result;
+    ASSIGN_OR_RETURN(ErrorCheck blas_check,
+                     work->RunAndCheck(m, [&] { return blas_on(0); }, &blas_result));
+    int blas_launches = 0;
+    ASSIGN_OR_RETURN(const double blas_us,
+                     work->TimeRotated(static_cast<int>(raw->size()), tools.timing, blas_on,
+                                       &blas_launches));
+    c.cublas = {blas_us, bf16_bytes + io_bytes, blas_check.max_ratio, blas_check.ok()};
+
+    c.probe = {probe_us, BandwidthProbe::BytesRead(bf16_bytes), -1, false};
+
+    const ErrorCheck z_vs_blas = CheckPair(zr.result.data(), blas_result.data(), m, work->reference());
+    const ErrorCheck p_vs_blas = CheckPair(pr.result.data(), blas_result.data(), m, work->reference());
+    const ErrorCheck z_vs_p = CheckPair(zr.result.data(), pr.result.data(), m, work->reference());
+    c.pair_check_ok = z_vs_blas.ok() && p_vs_blas.ok() && z_vs_p.ok();
+
+    for (const auto& [what, check] :
+         {std::pair<const char*, const ErrorCheck*>{"z12 vs reference", &zr.check},
+          {"plain vs reference", &pr.check},
+          {"cuBLAS vs reference", &blas_check},
+          {"z12 vs cuBLAS", &z_vs_blas},
+          {"plain vs cuBLAS", &p_vs_blas},
+          {"z12 vs plain", &z_vs_p}}) {
+      if (!check->ok()) {
+        Progress(absl::StrFormat("[bench] %s m=%d: %s: %s", label, m, what, check->ToString()));
+      }
+    }
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+BenchEnvironment DescribeEnvironment(const BenchTools& tools, const std::string& commit) {
+  BenchEnvironment e;
+  const GpuInfo& info = tools.session->info();
+  e.gpu_name = info.name;
+  e.arch = info.arch;
+  e.sm_count = info.limits.sm_count;
+  e.memory_bytes = info.memory_bytes;
+  e.driver_version = NvidiaDriverVersion();
+  e.cuda_driver_api = info.cuda_driver_api;
+  if (tools.cublas != nullptr) {
+    e.cublas_library = tools.cublas->library();
+    e.cublas_version = tools.cublas->version();
+  }
+  e.date = UtcTimestamp();
+  e.commit = commit;
+  e.replays = tools.timing.replays;
+  e.rotate_bytes = tools.workload.rotate_bytes;
+  e.seed = tools.workload.seed;
+  return e;
+}
+
+absl::StatusOr<std::unique_ptr<BenchStack>> OpenBenchStack(int device, const TimingOptions& timing,
+                                                           const WorkloadOptions& workload) {
+  auto stack = std::make_unique<BenchStack>();
+  ASSIGN_OR_RETURN(stack->session, GpuSession::Open(device));
+  ASSIGN_OR_RETURN(stack->cublas, Cublas::Open(stack->session->stream()));
+  ASSIGN_OR_RETURN(BandwidthProbe probe, BandwidthProbe::Load(*stack->session));
+  stack->probe = std::move(probe);
+  stack->tools.session = stack->session.get();
+  stack->tools.cublas = stack->cublas.get();
+  stack->tools.probe = &*stack->probe;
+  stack->tools.timing = timing;
+  stack->tools.workload = workload;
+  return stack;
+}
+
+}  // namespace gemvz::cli

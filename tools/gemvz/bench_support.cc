@@ -1,0 +1,585 @@
+// CPU-side machinery of the gemvz CLI's demo, bench and tune: parsing, random data, the reference
+// GEMV and its error bound, tables, JSON and the gnuplot chart (bench_support.h says why each).
+#include "tools/gemvz/bench_support.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gemvz/format.h"
+#include "nlohmann/json.hpp"
+#include "runtime/common/file_util.h"
+#include "runtime/common/status_macros.h"
+
+namespace gemvz::cli {
+namespace {
+
+int ResolveThreads(int threads) {
+  if (threads > 0) return threads;
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+// Runs fn(begin, end) over [0, count) in chunks of `grain` on up to `threads` threads.
+void ParallelFor(int64_t count, int threads, int64_t grain,
+                 const std::function<void(int64_t, int64_t)>& fn) {
+  if (count <= 0) return;
+  const int64_t chunks = (count + grain - 1) / grain;
+  const int workers = static_cast<int>(std::min<int64_t>(ResolveThreads(threads), chunks));
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      fn(c * grain, std::min(count, (c + 1) * grain));
+    }
+  };
+  if (workers <= 1) {
+    work();
+    return;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(workers - 1);
+  for (int i = 1; i < workers; ++i) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// xoshiro256**: fast, and good enough for test data (not for anything that must be secret).
+class Xoshiro256 {
+ public:
+  explicit Xoshiro256(uint64_t seed) {
+    for (uint64_t& w : s_) w = SplitMix64(seed);
+  }
+  uint64_t Next() {
+    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+    const uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = Rotl(s_[3], 45);
+    return result;
+  }
+  // Uniform in (0, 1): never 0, so log() below is finite.
+  double Open01() { return (static_cast<double>(Next() >> 11) + 0.5) * 0x1.0p-53; }
+
+ private:
+  static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t s_[4];
+};
+
+constexpr int64_t kRandomChunk = int64_t{1} << 16;
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// A gnuplot single-quoted string: '' stands for one quote.
+std::string GnuplotQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    out += c;
+    if (c == '\'') out += '\'';
+  }
+  return out + "'";
+}
+
+double SafeRatio(double num, double den) { return den > 0 ? num / den : 0; }
+
+nlohmann::json PathToJson(const BenchCase& c, const TimedPath& p, bool checked) {
+  nlohmann::json j = {
+      {"time_us", p.time_us},
+      {"bytes", p.bytes},
+      {"tbps", p.TeraBytesPerSecond()},
+      {"pct_of_ceiling", c.PercentOfCeiling(p)},
+  };
+  if (checked) {
+    j["max_err_ratio"] = p.max_err_ratio;
+    j["check_ok"] = p.check_ok;
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string MatrixShape::ToString() const { return absl::StrCat(n, "x", k); }
+
+const std::vector<MatrixShape>& SuiteShapes() {
+  static const std::vector<MatrixShape>* suite = new std::vector<MatrixShape>{
+      {"pooler", 4096, 8192},
+      {"llama3-8b qkv", 6144, 4096},
+      {"llama3-8b o", 4096, 4096},
+      {"llama3-8b gate_up", 28672, 4096},
+      {"llama3-8b down", 4096, 14336},
+      {"llama3-70b qkv", 10240, 8192},
+      {"llama3-70b down", 8192, 28672},
+  };
+  return *suite;
+}
+
+absl::StatusOr<MatrixShape> ParseShape(const std::string& text) {
+  const std::vector<std::string> parts = absl::StrSplit(text, absl::ByAnyChar("xX"));
+  int64_t n = 0, k = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &n) || !absl::SimpleAtoi(parts[1], &k) ||
+      n <= 0 || k <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad shape '", text, "': expected NxK, two positive integers (N rows of weights, K "
+        "columns), e.g. 4096x8192"));
+  }
+  // cuBLAS takes int dimensions, and 2^34 weights (32 GiB of BF16) is past any single layer.
+  if (n > std::numeric_limits<int32_t>::max() || k > std::numeric_limits<int32_t>::max() ||
+      n > (int64_t{1} << 34) / k) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad shape '", text, "': too large (each side at most 2^31-1, N*K at most 2^34)"));
+  }
+  for (const MatrixShape& s : SuiteShapes()) {
+    if (s.n == n && s.k == k) return s;
+  }
+  return MatrixShape{"", n, k};
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseMList(const std::string& text) {
+  std::vector<int64_t> ms;
+  std::set<int64_t> seen;
+  if (text.empty()) {
+    return absl::InvalidArgumentError("bad --m '': expected a comma-separated list such as 1,8,16");
+  }
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    piece = absl::StripAsciiWhitespace(piece);
+    int64_t m = 0;
+    if (!absl::SimpleAtoi(piece, &m)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad --m '", text, "': '", piece,
+                                                     "' is not an integer (e.g. 1,8,16)"));
+    }
+    if (m < 1 || m > kMaxM) {
+      return absl::InvalidArgumentError(absl::StrCat("bad --m '", text, "': ", m,
+                                                     " is outside 1..", kMaxM));
+    }
+    if (!seen.insert(m).second) {
+      return absl::InvalidArgumentError(absl::StrCat("bad --m '", text, "': ", m,
+                                                     " is given twice"));
+    }
+    ms.push_back(m);
+  }
+  return ms;
+}
+
+absl::StatusOr<std::vector<MatrixShape>> ShapesFromFlag(const std::string& shape_flag,
+                                                        bool quick) {
+  if (!shape_flag.empty()) {
+    ASSIGN_OR_RETURN(MatrixShape shape, ParseShape(shape_flag));
+    return std::vector<MatrixShape>{shape};
+  }
+  std::vector<MatrixShape> shapes = SuiteShapes();
+  if (quick) shapes.resize(2);
+  return shapes;
+}
+
+void FillNormalBf16(uint16_t* out, int64_t count, double stddev, uint64_t seed, int threads) {
+  const int64_t chunks = (count + kRandomChunk - 1) / kRandomChunk;
+  ParallelFor(chunks, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      uint64_t chunk_seed = seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(c + 1));
+      Xoshiro256 rng(SplitMix64(chunk_seed));
+      const int64_t lo = c * kRandomChunk, hi = std::min(count, lo + kRandomChunk);
+      for (int64_t i = lo; i < hi; i += 2) {
+        // Box-Muller: two independent normals per pair of uniforms.
+        const double r = std::sqrt(-2.0 * std::log(rng.Open01())) * stddev;
+        const double phi = 2.0 * M_PI * rng.Open01();
+        out[i] = FloatToBf16(static_cast<float>(r * std::cos(phi)));
+        if (i + 1 < hi) out[i + 1] = FloatToBf16(static_cast<float>(r * std::sin(phi)));
+      }
+    }
+  });
+}
+
+std::vector<uint16_t> NormalBf16(int64_t count, double stddev, uint64_t seed, int threads) {
+  std::vector<uint16_t> v(count);
+  FillNormalBf16(v.data(), count, stddev, seed, threads);
+  return v;
+}
+
+uint64_t RandomSeed() {
+  std::random_device rd;
+  uint64_t s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return s == 0 ? 1 : s;
+}
+
+GemvReference ReferenceGemv(const uint16_t* w, const uint16_t* x, int64_t m, int64_t n, int64_t k,
+                            int threads) {
+  GemvReference ref;
+  ref.m = m;
+  ref.n = n;
+  ref.k = k;
+  ref.out.assign(m * n, 0.0);
+  ref.abs_dot.assign(m * n, 0.0);
+  std::vector<float> xf(m * k);
+  for (int64_t i = 0; i < m * k; ++i) xf[i] = Bf16ToFloat(x[i]);
+  ParallelFor(n, threads, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> wf(k);
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t i = 0; i < k; ++i) wf[i] = Bf16ToFloat(w[r * k + i]);
+      for (int64_t t = 0; t < m; ++t) {
+        const float* xr = &xf[t * k];
+        // A BF16 x BF16 product has at most 16 significant bits, so it is exact in float; the
+        // double sums then carry about 2^-53 * K relative error, far below any tolerance.
+        double sum = 0, abs_sum = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          const double p = static_cast<double>(xr[i] * wf[i]);
+          sum += p;
+          abs_sum += std::fabs(p);
+        }
+        ref.out[t * n + r] = sum;
+        ref.abs_dot[t * n + r] = abs_sum;
+      }
+    }
+  });
+  return ref;
+}
+
+double GemvTolerance(double ref, double abs_dot, int64_t k) {
+  const double chain = static_cast<double>(k) / 16.0 + 64.0;
+  return 0x1.0p-7 * std::fabs(ref) + chain * 0x1.0p-23 * abs_dot;
+}
+
+std::string ErrorCheck::ToString() const {
+  if (checked == 0) return "not checked";
+  if (failures == 0) return absl::StrFormat("ok (max |err|/tol %.3f)", max_ratio);
+  return absl::StrFormat(
+      "WRONG: %d of %d elements over tolerance; worst at token %d, row %d: got %.6g, reference "
+      "%.6g, tolerance %.3g (|err|/tol %.3g)",
+      failures, checked, worst_token, worst_row, worst_got, worst_ref, worst_tol, max_ratio);
+}
+
+namespace {
+
+// Shared by the two checks: `value(t, r)` gives the number compared against `target(t, r)`.
+template <typename Fn>
+ErrorCheck CheckElements(int64_t m, const GemvReference& ref, double tol_scale, Fn error_of) {
+  ErrorCheck check;
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t r = 0; r < ref.n; ++r) {
+      const int64_t i = t * ref.n + r;
+      double got = 0, target = 0;
+      error_of(i, &got, &target);
+      const double tol = tol_scale * GemvTolerance(ref.out[i], ref.abs_dot[i], ref.k);
+      const double err = std::fabs(got - target);
+      double ratio;
+      if (!std::isfinite(got)) {
+        ratio = std::numeric_limits<double>::infinity();
+      } else if (tol > 0) {
+        ratio = err / tol;
+      } else {
+        ratio = err == 0 ? 0 : std::numeric_limits<double>::infinity();
+      }
+      ++check.checked;
+      if (!(ratio <= 1.0)) ++check.failures;
+      if (check.worst_token < 0 || ratio > check.max_ratio) {
+        check.max_ratio = ratio;
+        check.worst_token = t;
+        check.worst_row = r;
+        check.worst_got = got;
+        check.worst_ref = target;
+        check.worst_tol = tol;
+      }
+    }
+  }
+  return check;
+}
+
+}  // namespace
+
+ErrorCheck CheckAgainstReference(const uint16_t* got, int64_t m, const GemvReference& ref) {
+  if (m > ref.m) return ErrorCheck{};
+  return CheckElements(m, ref, 1.0, [&](int64_t i, double* value, double* target) {
+    *value = Bf16ToFloat(got[i]);
+    *target = ref.out[i];
+  });
+}
+
+ErrorCheck CheckPair(const uint16_t* a, const uint16_t* b, int64_t m, const GemvReference& ref) {
+  if (m > ref.m) return ErrorCheck{};
+  // A NaN in `b` makes the difference NaN, which fails the ratio test like a NaN in `a`.
+  return CheckElements(m, ref, 2.0, [&](int64_t i, double* value, double* target) {
+    *value = Bf16ToFloat(a[i]);
+    *target = Bf16ToFloat(b[i]);
+  });
+}
+
+double TimedPath::TeraBytesPerSecond() const {
+  return time_us > 0 ? static_cast<double>(bytes) / (time_us * 1e-6) / 1e12 : 0;
+}
+
+double BenchCase::PercentOfCeiling(const TimedPath& path) const {
+  return 100.0 * SafeRatio(path.TeraBytesPerSecond(), CeilingTbps());
+}
+double BenchCase::SpeedupVsCublas() const { return SafeRatio(cublas.time_us, z12.time_us); }
+double BenchCase::SpeedupVsPlain() const { return SafeRatio(plain.time_us, z12.time_us); }
+bool BenchCase::ok() const {
+  return z12.check_ok && plain.check_ok && cublas.check_ok && pair_check_ok;
+}
+
+GeoMeans ComputeGeoMeans(const std::vector<BenchCase>& cases) {
+  GeoMeans g;
+  double s_cublas = 0, s_plain = 0, p_z12 = 0, p_plain = 0, p_cublas = 0;
+  for (const BenchCase& c : cases) {
+    if (c.SpeedupVsCublas() <= 0 || c.SpeedupVsPlain() <= 0 || c.CeilingTbps() <= 0) continue;
+    ++g.count;
+    s_cublas += std::log(c.SpeedupVsCublas());
+    s_plain += std::log(c.SpeedupVsPlain());
+    p_z12 += std::log(c.PercentOfCeiling(c.z12));
+    p_plain += std::log(c.PercentOfCeiling(c.plain));
+    p_cublas += std::log(c.PercentOfCeiling(c.cublas));
+  }
+  if (g.count == 0) return g;
+  g.speedup_vs_cublas = std::exp(s_cublas / g.count);
+  g.speedup_vs_plain = std::exp(s_plain / g.count);
+  g.pct_ceiling_z12 = std::exp(p_z12 / g.count);
+  g.pct_ceiling_plain = std::exp(p_plain / g.count);
+  g.pct_ceiling_cublas = std::exp(p_cublas / g.count);
+  return g;
+}
+
+std::string FormatBenchTable(const std::vector<BenchCase>& cases) {
+  std::string out = absl::StrFormat(
+      "%-28s %4s %-24s %8s %8s %8s %8s %7s %7s %7s %7s %7s %7s  %s\n", "shape", "m",
+      "z12 config (source)", "z12 us", "plain us", "cuBLAS", "probe us", "z12TB/s", "ceilTB/s",
+      "z12 %c", "cuBL %c", "xcuBLAS", "xplain", "check");
+  for (const BenchCase& c : cases) {
+    std::string shape = c.shape.name.empty() ? c.shape.ToString()
+                                             : absl::StrCat(c.shape.name, " ", c.shape.ToString());
+    std::string config = absl::StrCat(c.config, " (", c.config_source, ")");
+    if (c.weight_format != "z12") config = absl::StrCat("plain: ", c.config);
+    absl::StrAppendFormat(&out, "%-28s %4d %-24s %8.2f %8.2f %8.2f %8.2f %7.2f %7.2f %6.1f%% %6.1f%% %6.3fx %6.3fx  %s\n",
+                          shape, c.m, config, c.z12.time_us, c.plain.time_us, c.cublas.time_us,
+                          c.probe.time_us, c.z12.TeraBytesPerSecond(), c.CeilingTbps(),
+                          c.PercentOfCeiling(c.z12), c.PercentOfCeiling(c.cublas),
+                          c.SpeedupVsCublas(), c.SpeedupVsPlain(), c.ok() ? "ok" : "WRONG");
+  }
+  const GeoMeans g = ComputeGeoMeans(cases);
+  if (g.count > 0) {
+    absl::StrAppendFormat(
+        &out,
+        "geometric mean over %d cases: %.3fx over cuBLAS BF16, %.3fx over plain BF16; of the "
+        "read ceiling: z12 %.1f%%, plain %.1f%%, cuBLAS %.1f%%\n",
+        g.count, g.speedup_vs_cublas, g.speedup_vs_plain, g.pct_ceiling_z12, g.pct_ceiling_plain,
+        g.pct_ceiling_cublas);
+  }
+  return out;
+}
+
+nlohmann::json BenchReportToJson(const BenchReport& report) {
+  const BenchEnvironment& e = report.env;
+  nlohmann::json doc;
+  doc["schema"] = kBenchSchema;
+  doc["date"] = e.date;
+  doc["commit"] = e.commit.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.commit);
+  doc["gpu"] = {{"name", e.gpu_name},
+                {"arch", e.arch},
+                {"sm_count", e.sm_count},
+                {"memory_bytes", e.memory_bytes},
+                {"driver_version", e.driver_version},
+                {"cuda_driver_api", e.cuda_driver_api}};
+  doc["cublas"] = {{"library", e.cublas_library}, {"version", e.cublas_version}};
+  doc["settings"] = {
+      {"replays", e.replays}, {"rotate_bytes", e.rotate_bytes}, {"seed", e.seed}};
+  nlohmann::json cases = nlohmann::json::array();
+  bool all_ok = true;
+  for (const BenchCase& c : report.cases) {
+    all_ok = all_ok && c.ok();
+    cases.push_back({
+        {"shape", {{"name", c.shape.name}, {"n", c.shape.n}, {"k", c.shape.k}}},
+        {"m", c.m},
+        {"dispatch",
+         {{"config", c.config},
+          {"source", c.config_source},
+          {"weight_format", c.weight_format},
+          {"fallback_reason", c.fallback_reason},
+          {"plain_config", c.plain_config}}},
+        {"rotation",
+         {{"copies_z12", c.copies_z12},
+          {"copies_bf16", c.copies_bf16},
+          {"launches_z12", c.launches_z12},
+          {"launches_bf16", c.launches_bf16}}},
+        {"paths",
+         {{"z12", PathToJson(c, c.z12, true)},
+          {"plain", PathToJson(c, c.plain, true)},
+          {"cublas", PathToJson(c, c.cublas, true)},
+          {"probe", PathToJson(c, c.probe, false)}}},
+        {"ceiling_tbps", c.CeilingTbps()},
+        {"speedup_vs_cublas", c.SpeedupVsCublas()},
+        {"speedup_vs_plain", c.SpeedupVsPlain()},
+        {"pair_check_ok", c.pair_check_ok},
+        {"ok", c.ok()},
+    });
+  }
+  doc["cases"] = std::move(cases);
+  const GeoMeans g = ComputeGeoMeans(report.cases);
+  doc["geomean"] = {{"count", g.count},
+                    {"speedup_vs_cublas", g.speedup_vs_cublas},
+                    {"speedup_vs_plain", g.speedup_vs_plain},
+                    {"pct_ceiling_z12", g.pct_ceiling_z12},
+                    {"pct_ceiling_plain", g.pct_ceiling_plain},
+                    {"pct_ceiling_cublas", g.pct_ceiling_cublas}};
+  doc["ok"] = all_ok;
+  return doc;
+}
+
+absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& doc) {
+  const absl::Status st = internal::AtomicWriteFile(path, doc.dump(2) + "\n");
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("writing JSON to ", path, ": ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+std::string UtcTimestamp() {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+}
+
+std::string CommitFrom(const std::string& flag_value) {
+  if (!flag_value.empty()) return flag_value;
+  const char* env = std::getenv("GEMVZ_COMMIT");
+  return env == nullptr ? "" : env;
+}
+
+std::string NvidiaDriverVersion() {
+  std::ifstream in("/proc/driver/nvidia/version");
+  std::string line;
+  if (!in || !std::getline(in, line)) return "";
+  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.82.07  Wed ...": the first token made
+  // of digits and dots with at least one dot.
+  std::istringstream words(line);
+  for (std::string w; words >> w;) {
+    if (w.find('.') != std::string::npos &&
+        w.find_first_not_of("0123456789.") == std::string::npos && std::isdigit(w[0])) {
+      return w;
+    }
+  }
+  return "";
+}
+
+std::string FindOnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return "";
+  for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+    const std::string candidate = absl::StrCat(dir, "/", name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+absl::Status PlotSpeedups(const std::vector<BenchCase>& cases, const std::string& title,
+                          const std::string& png_path) {
+  if (cases.empty()) return absl::InvalidArgumentError("--plot: no results to draw");
+  const std::string gnuplot = FindOnPath("gnuplot");
+  if (gnuplot.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--plot ", png_path, " needs gnuplot, which is not on PATH. Install it (Debian/Ubuntu: "
+        "apt-get install gnuplot-nox) or leave out --plot; the table and --json hold the same "
+        "numbers"));
+  }
+  const char* tmp_env = std::getenv("TMPDIR");
+  std::string dir_template =
+      absl::StrCat(tmp_env != nullptr && *tmp_env != '\0' ? tmp_env : "/tmp", "/gemvz-plot-XXXXXX");
+  if (mkdtemp(dir_template.data()) == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("--plot: cannot create a temporary directory ", dir_template, ": ",
+                     std::strerror(errno)));
+  }
+  const std::string dir = dir_template;
+  const std::string data_path = dir + "/speedups.dat";
+  const std::string script_path = dir + "/speedups.gp";
+  const std::string log_path = dir + "/gnuplot.log";
+  {
+    std::ofstream data(data_path);
+    data << "# label speedup_vs_cublas speedup_vs_plain\n";
+    for (const BenchCase& c : cases) {
+      std::string label = absl::StrCat(c.shape.name.empty() ? c.shape.ToString() : c.shape.name,
+                                       " m=", c.m);
+      std::replace(label.begin(), label.end(), '"', '\'');
+      data << '"' << label << "\" " << c.SpeedupVsCublas() << ' ' << c.SpeedupVsPlain() << '\n';
+    }
+    if (!data) return absl::InternalError(absl::StrCat("--plot: cannot write ", data_path));
+  }
+  absl::Status result = absl::OkStatus();
+  // pngcairo draws better; builds without cairo only have png.
+  for (const char* terminal : {"pngcairo size 1400,700 noenhanced", "png size 1400,700 noenhanced"}) {
+    std::ofstream script(script_path, std::ios::trunc);
+    script << "set terminal " << terminal << "\n"
+           << "set output " << GnuplotQuote(png_path) << "\n"
+           << "set title " << GnuplotQuote(title) << "\n"
+           << "set style data histograms\n"
+           << "set style histogram clustered gap 1\n"
+           << "set style fill solid 0.85 border -1\n"
+           << "set boxwidth 0.9\n"
+           << "set ylabel 'speedup (x)'\n"
+           << "set yrange [0:*]\n"
+           << "set grid ytics\n"
+           << "set xtics rotate by -45 scale 0\n"
+           << "set key top left\n"
+           << "set arrow from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb 'black'\n"
+           << "set arrow from graph 0, first 1.3333 to graph 1, first 1.3333 nohead dt 3 "
+              "lc rgb 'gray40'\n"
+           << "plot " << GnuplotQuote(data_path)
+           << " using 2:xtic(1) title 'z12 over cuBLAS BF16', '' using 3 title 'z12 over plain "
+              "BF16'\n";
+    script.close();
+    const std::string cmd = absl::StrCat(ShellQuote(gnuplot), " ", ShellQuote(script_path),
+                                         " > ", ShellQuote(log_path), " 2>&1");
+    const int rc = std::system(cmd.c_str());
+    if (rc == 0 && access(png_path.c_str(), F_OK) == 0) {
+      result = absl::OkStatus();
+      break;
+    }
+    std::ifstream log(log_path);
+    std::stringstream text;
+    text << log.rdbuf();
+    result = absl::InternalError(absl::StrCat("--plot: gnuplot failed (", gnuplot, ", exit ",
+                                              WIFEXITED(rc) ? WEXITSTATUS(rc) : rc,
+                                              "): ", text.str()));
+  }
+  std::remove(data_path.c_str());
+  std::remove(script_path.c_str());
+  std::remove(log_path.c_str());
+  rmdir(dir.c_str());
+  return result;
+}
+
+}  // namespace gemvz::cli

@@ -1,0 +1,173 @@
+// CPU-side machinery shared by `gemvz demo`, `bench` and `tune`: the benchmark suite, argument
+// parsing, random BF16 data, the double-precision reference GEMV and its error bound, result
+// tables, the JSON report and the gnuplot chart. Nothing here needs a GPU (see bench_gpu.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
+
+namespace gemvz::cli {
+
+// One weight matrix shape, N x K (out has N columns, x has K).
+struct MatrixShape {
+  std::string name;  // "pooler", "llama3-8b qkv"; empty for a shape given on the command line
+  int64_t n = 0;
+  int64_t k = 0;
+  std::string ToString() const;  // "4096x8192"
+};
+
+// DESIGN.md's benchmark suite, in its order.
+const std::vector<MatrixShape>& SuiteShapes();
+
+// "4096x8192" -> {n 4096, k 8192}, named after the suite entry of that shape if there is one.
+absl::StatusOr<MatrixShape> ParseShape(const std::string& text);
+// "1,8,16" -> {1, 8, 16}: positive, at most kMaxM, no repeats, kept in the given order.
+inline constexpr int64_t kMaxM = 4096;
+absl::StatusOr<std::vector<int64_t>> ParseMList(const std::string& text);
+// --shape if given (one shape), else the suite; `quick` keeps the suite's first two.
+absl::StatusOr<std::vector<MatrixShape>> ShapesFromFlag(const std::string& shape_flag, bool quick);
+
+// Fills `count` BF16 values drawn from N(0, stddev^2), rounded to nearest. Deterministic for a
+// seed whatever the thread count: each 64 Ki-element chunk has its own generator.
+void FillNormalBf16(uint16_t* out, int64_t count, double stddev, uint64_t seed, int threads);
+std::vector<uint16_t> NormalBf16(int64_t count, double stddev, uint64_t seed, int threads);
+// A fresh seed from the OS, for runs without --seed.
+uint64_t RandomSeed();
+
+// out[t, r] = sum_k x[t, k] * w[r, k] in double, with the sums of |x[t, k] * w[r, k]| that the
+// error bound scales with. Both [m, n], row-major. Rows of w are spread over `threads`.
+struct GemvReference {
+  int64_t m = 0, n = 0, k = 0;
+  std::vector<double> out;
+  std::vector<double> abs_dot;
+};
+GemvReference ReferenceGemv(const uint16_t* w, const uint16_t* x, int64_t m, int64_t n, int64_t k,
+                            int threads);
+
+// How far a BF16 output element may be from the exact dot product `ref` and still be right:
+//
+//   tol = 2^-7 * |ref|  +  (K/16 + 64) * 2^-23 * A,     A = sum_k |x_k * w_k|
+//
+// The first term is one BF16 unit in the last place at |ref|: the FP32 accumulator is rounded
+// to BF16 once (half a unit), and two correct kernels that add in different orders can round to
+// neighbouring BF16 values, so any two of them agree within one unit. The second term bounds the
+// FP32 accumulation: BF16 x BF16 products are exact in FP32, each addition errs by at most one
+// FP32 unit (2^-23 relative, allowing tensor cores that truncate) of a partial sum no larger
+// than A, and a K-long dot product is a chain of K/16 mma steps (k16 each) plus at most 64
+// reduction adds (warps, split-K slices). That worst case is far above real errors yet small
+// (about 1 % of a typical output for N(0, 1/K) weights and N(0, 1) x at K = 8192), so a wrong
+// row, token, K group or correction still fails. It also absorbs outputs near zero, where a
+// relative bound alone would demand exactness.
+double GemvTolerance(double ref, double abs_dot, int64_t k);
+
+// The worst element of one output against the reference.
+struct ErrorCheck {
+  int64_t checked = 0;
+  int64_t failures = 0;      // elements over tolerance, or not finite
+  double max_ratio = 0;      // max |got - ref| / tol (<= 1 passes; 0 with tol 0 and exact)
+  int64_t worst_token = -1;  // where max_ratio (or the first non-finite value) is
+  int64_t worst_row = -1;
+  double worst_got = 0, worst_ref = 0, worst_tol = 0;
+  bool ok() const { return checked > 0 && failures == 0; }
+  std::string ToString() const;  // "ok, max |err|/tol 0.031" or where it fails
+};
+// `got` is BF16 [m, n] with m <= ref.m: the first m tokens of the reference.
+ErrorCheck CheckAgainstReference(const uint16_t* got, int64_t m, const GemvReference& ref);
+// Two kernels' outputs against each other: each may be off by its tolerance, so 2 * tol.
+ErrorCheck CheckPair(const uint16_t* a, const uint16_t* b, int64_t m, const GemvReference& ref);
+
+// --- Bench results ----------------------------------------------------------------------------
+
+// One timed path of one (shape, m).
+struct TimedPath {
+  double time_us = 0;     // median time of one call
+  int64_t bytes = 0;      // bytes one call must move: weights (and side tables) + x + out
+  double max_err_ratio = -1;  // worst |err| / tol against the CPU reference; -1 unchecked
+  bool check_ok = false;
+  double TeraBytesPerSecond() const;  // bytes / time, 0 when untimed
+};
+
+struct BenchCase {
+  MatrixShape shape;
+  int64_t m = 0;
+  std::string config;         // the dispatcher's choice for the compressed path
+  std::string config_source;  // "tuned", "heuristic", ...
+  std::string weight_format;  // "z12", or "bf16" when FromBf16 kept the matrix plain
+  std::string fallback_reason;
+  std::string plain_config;   // the dispatcher's choice for the plain BF16 path
+  int copies_z12 = 0;         // rotated copies of each kind
+  int copies_bf16 = 0;
+  int launches_z12 = 0;       // launches per timed replay: a multiple of the path's copies
+  int launches_bf16 = 0;
+  TimedPath z12, plain, cublas, probe;  // probe.bytes: the buffer it streams (2 N K)
+  bool pair_check_ok = false;  // the three GEMVs agree with each other (2 * tol)
+
+  double CeilingTbps() const { return probe.TeraBytesPerSecond(); }
+  double PercentOfCeiling(const TimedPath& path) const;
+  double SpeedupVsCublas() const;  // cublas time / z12 time
+  double SpeedupVsPlain() const;   // plain time / z12 time
+  bool ok() const;                 // every check passed
+};
+
+struct GeoMeans {
+  int count = 0;
+  double speedup_vs_cublas = 0;
+  double speedup_vs_plain = 0;
+  double pct_ceiling_z12 = 0;
+  double pct_ceiling_plain = 0;
+  double pct_ceiling_cublas = 0;
+};
+GeoMeans ComputeGeoMeans(const std::vector<BenchCase>& cases);
+
+// Where and how a report was made.
+struct BenchEnvironment {
+  std::string gpu_name;
+  std::string arch;            // "sm_90"
+  int sm_count = 0;
+  int64_t memory_bytes = 0;
+  std::string driver_version;  // the kernel module's, e.g. "580.82.07"; empty if unknown
+  std::string cuda_driver_api; // what cuDriverGetVersion says, e.g. "13.0"
+  std::string cublas_library;  // the file that was loaded
+  int cublas_version = 0;
+  std::string date;            // ISO 8601, UTC
+  std::string commit;          // --commit or GEMVZ_COMMIT; empty if unknown
+  int replays = 0;
+  int64_t rotate_bytes = 0;
+  uint64_t seed = 0;
+};
+
+struct BenchReport {
+  BenchEnvironment env;
+  std::vector<BenchCase> cases;
+};
+
+// The table `gemvz bench` prints: one line per (shape, m) and the geometric means.
+std::string FormatBenchTable(const std::vector<BenchCase>& cases);
+
+// The JSON document of `gemvz bench --json` (schema "gemvz.bench/1", documented in docs/CLI.md).
+inline constexpr const char* kBenchSchema = "gemvz.bench/1";
+nlohmann::json BenchReportToJson(const BenchReport& report);
+
+// Writes JSON text to `path` atomically (temporary file, fsync, rename).
+absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& doc);
+
+// The current time as "2025-11-29T10:42:00Z".
+std::string UtcTimestamp();
+// --commit if given, else GEMVZ_COMMIT, else "".
+std::string CommitFrom(const std::string& flag_value);
+// The NVIDIA kernel module's version from /proc/driver/nvidia/version, or "".
+std::string NvidiaDriverVersion();
+
+// The full path of an executable found on PATH, or "".
+std::string FindOnPath(const std::string& name);
+// Draws speedup over cuBLAS and over plain BF16 per (shape, m) into a PNG with gnuplot. Fails
+// with a clear message when gnuplot is not installed; never needed to build.
+absl::Status PlotSpeedups(const std::vector<BenchCase>& cases, const std::string& title,
+                          const std::string& png_path);
+
+}  // namespace gemvz::cli

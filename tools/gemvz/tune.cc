@@ -1,0 +1,583 @@
+// `gemvz tune`: try any kernel configuration without rebuilding. Compiles it on first use, checks
+// it against the CPU reference, times it next to the dispatcher's choice; --sweep ranks a whole
+// space; --save writes the winners to the tuning file that the dispatcher reads.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "gemvz/config.h"
+#include "gemvz/dispatch.h"
+#include "gemvz/gemv.h"
+#include "gemvz/runtime.h"
+#include "nlohmann/json.hpp"
+#include "runtime/jit/kernel_cache.h"
+#include "tools/gemvz/bench_flags.h"
+#include "tools/gemvz/bench_gpu.h"
+#include "tools/gemvz/bench_support.h"
+#include "tools/gemvz/command.h"
+#include "tools/gemvz/common_flags.h"
+
+ABSL_FLAG(bool, sweep, false, "tune: time every configuration of gemvz::SweepSpace for the shape");
+ABSL_FLAG(std::string, space, "",
+          "tune: sweep the configurations in this file (one per line, # comments) instead");
+ABSL_FLAG(std::string, sweep_format, "z12", "tune: the weight format --sweep explores (z12, bf16)");
+ABSL_FLAG(bool, save, false, "tune: write the winners to the tuning file the dispatcher reads");
+ABSL_FLAG(int, top, 20, "tune: ranking lines printed per (shape, m); 0 prints all");
+
+namespace gemvz::cli {
+namespace {
+
+const std::string& TuneUsage() {
+  static const std::string* usage = new std::string(absl::StrCat(
+      "usage: gemvz tune [--shape=NxK] [--m=LIST] --config=CONFIG [--save] [--json=FILE]\n"
+      "       gemvz tune [--shape=NxK] [--m=LIST] --sweep [--sweep_format=z12|bf16] [--top=N]\n"
+      "                  [--save] [--json=FILE]\n"
+      "       gemvz tune [--shape=NxK] [--m=LIST] --space=FILE [--top=N] [--save] [--json=FILE]\n"
+      "\n"
+      "Tries kernel configurations without rebuilding anything. Each one is checked against the\n"
+      "shape first (gemvz::Validate; an invalid one is reported with the rule it breaks and\n"
+      "skipped), compiled by NVRTC at first use (or found in the disk cache), run once and\n"
+      "checked against a CPU double-precision reference, then timed like gemvz bench (CUDA\n"
+      "graphs, weights rotated through --rotate_mb, median of --replays) next to the\n"
+      "dispatcher's own choice for the same (shape, m).\n"
+      "\n"
+      "A configuration reads FORMAT.nwW.ugU.nbB.pipeP.sS, e.g. z12.nw8.ug2.nb1.pipe3.s1:\n"
+      "  FORMAT z12 or bf16; nw streaming warps per CTA; ug 64-wide K groups per loop trip;\n"
+      "  nb 8-row token blocks per launch (covers m <= 8*nb); pipe 0/3 plain loop, 1/2 software\n"
+      "  pipelined; s split-K factor (default 1).\n"
+      "\n"
+      "flags:\n"
+      "  --shape=NxK         the matrix shape (default: every shape of DESIGN.md's suite)\n"
+      "  --m=LIST            comma-separated activation rows (default 1,8,16)\n"
+      "  --config=CONFIG     time this one configuration (default: none; give it or --sweep)\n"
+      "  --sweep             time every configuration of gemvz::SweepSpace for each (shape, m)\n"
+      "                      and print the ranking (default false)\n"
+      "  --sweep_format=F    the format --sweep explores: z12 or bf16 (default z12)\n"
+      "  --space=FILE        sweep the configurations listed in FILE instead, one per line;\n"
+      "                      blank lines and lines starting with # are ignored (implies --sweep)\n"
+      "  --top=N             ranking lines printed per (shape, m); 0 prints all (default 20)\n"
+      "  --save              write the winner of each (shape, m, format), the fastest correct\n"
+      "                      configuration measured (the dispatcher's own choice included), to\n"
+      "                      the tuning file ($GEMVZ_TUNING_FILE, else <cache dir>/tuning.json)\n"
+      "                      with gemvz::SaveTunedChoices: later processes use it with no\n"
+      "                      rebuild (default false)\n"
+      "  --json=FILE         write every measurement as JSON (schema gemvz.tune/1, docs/CLI.md)\n"
+      "  --arch=sm_XX        compile for this architecture (default: the GPU's, else sm_90)\n",
+      kMeasureFlagsUsage,
+      "\n"
+      "Without a GPU, tune validates and compiles (useful to check that a configuration builds),\n"
+      "then exits 1 saying that checking and timing need a GPU. Exit status: 0 when every valid\n"
+      "configuration compiled and gave the right result, 1 otherwise, 2 for a usage error\n"
+      "(including a --config that is invalid for every shape asked).\n"
+      "\n"
+      "examples:\n"
+      "  gemvz tune --shape=4096x8192 --m=8 --config=z12.nw8.ug2.nb1.pipe3.s1\n"
+      "  gemvz tune --shape=28672x4096 --m=1,8,16 --sweep --top=10\n"
+      "  gemvz tune --sweep --save                  # the whole suite; the dispatcher follows\n"
+      "  gemvz tune --shape=4096x4096 --m=16 --space=my_configs.txt --json=tune.json\n"));
+  return *usage;
+}
+
+struct Candidate {
+  KernelConfig config;
+  std::string invalid;        // the rule Validate says it breaks
+  std::string compile_error;  // NVRTC's complaint
+  std::optional<PrecompileResult> compiled;
+  std::string run_error;
+  bool ran = false;
+  ErrorCheck check;
+  double time_us = 0;
+  int64_t bytes = 0;
+  bool usable() const { return ran && check.ok() && time_us > 0; }
+};
+
+struct TuneCase {
+  MatrixShape shape;
+  int64_t m = 0;
+  WeightFormat format = WeightFormat::kZ12;
+  std::vector<Candidate> candidates;
+  // The dispatcher's own choice, timed the same way.
+  std::string baseline_error;
+  Candidate baseline;
+  std::string baseline_source;
+  std::string fallback_reason;
+  // The fastest usable configuration, the baseline included.
+  const Candidate* Winner() const {
+    const Candidate* best = baseline.usable() ? &baseline : nullptr;
+    for (const Candidate& c : candidates) {
+      if (c.usable() && (best == nullptr || c.time_us < best->time_us)) best = &c;
+    }
+    return best;
+  }
+};
+
+absl::StatusOr<WeightFormat> ParseFormat(const std::string& text) {
+  if (text == "z12") return WeightFormat::kZ12;
+  if (text == "bf16") return WeightFormat::kBf16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("bad --sweep_format '", text, "': expected z12 or bf16"));
+}
+
+// The configurations of a --space file; lines that do not parse are reported and skipped.
+absl::StatusOr<std::vector<KernelConfig>> ReadSpaceFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("--space ", path, ": cannot open the file"));
+  }
+  std::vector<KernelConfig> configs;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    absl::string_view text = absl::StripAsciiWhitespace(line);
+    if (text.empty() || text[0] == '#') continue;
+    absl::StatusOr<KernelConfig> config = KernelConfig::Parse(std::string(text));
+    if (!config.ok()) {
+      std::fprintf(stderr, "gemvz tune: %s:%d: skipped: %s\n", path.c_str(), number,
+                   std::string(config.status().message()).c_str());
+      continue;
+    }
+    configs.push_back(*config);
+  }
+  if (configs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--space ", path, ": no valid configuration in the file"));
+  }
+  return configs;
+}
+
+std::string Label(const TuneCase& c) {
+  return absl::StrFormat("%s%s m=%d %s", c.shape.ToString(),
+                         c.shape.name.empty() ? "" : absl::StrCat(" (", c.shape.name, ")"), c.m,
+                         FormatName(c.format));
+}
+
+// Compiles every distinct valid kernel once, in parallel; a failing one is found and marked
+// without stopping the others.
+void CompileCandidates(std::vector<TuneCase>* cases, const std::string& arch, int threads) {
+  std::map<std::string, KernelConfig> kernels;
+  for (const TuneCase& c : *cases) {
+    for (const Candidate& cand : c.candidates) {
+      if (cand.invalid.empty()) kernels.emplace(cand.config.KernelName(), cand.config);
+    }
+  }
+  std::vector<KernelConfig> configs;
+  for (const auto& [name, config] : kernels) configs.push_back(config);
+  std::map<std::string, PrecompileResult> done;
+  std::map<std::string, std::string> failed;
+  if (!configs.empty()) {
+    Progress(absl::StrFormat("[tune] compiling %d kernels for %s", configs.size(), arch));
+    absl::StatusOr<std::vector<PrecompileResult>> all = PrecompileAll(
+        configs, arch, threads, [](int n, int total, const PrecompileResult& r) {
+          Progress(absl::StrFormat("[tune]   %d/%d %s: %.0f ms%s", n, total, r.config.KernelName(),
+                                   r.millis, r.from_disk ? " (disk cache)" : ""));
+        });
+    if (all.ok()) {
+      for (const PrecompileResult& r : *all) done.emplace(r.config.KernelName(), r);
+    } else {
+      // PrecompileAll stops at the first error: ask one by one to learn which ones fail.
+      for (const KernelConfig& config : configs) {
+        absl::StatusOr<PrecompileResult> r = Precompile(config, arch);
+        if (r.ok()) {
+          done.emplace(config.KernelName(), *r);
+        } else {
+          failed.emplace(config.KernelName(), std::string(r.status().message()));
+        }
+      }
+    }
+  }
+  for (TuneCase& c : *cases) {
+    for (Candidate& cand : c.candidates) {
+      if (!cand.invalid.empty()) continue;
+      const std::string name = cand.config.KernelName();
+      if (auto it = done.find(name); it != done.end()) cand.compiled = it->second;
+      if (auto it = failed.find(name); it != failed.end()) cand.compile_error = it->second;
+    }
+  }
+}
+
+void TimeCase(ShapeWorkload* work, const TimingOptions& timing, TuneCase* c) {
+  const std::string label = Label(*c);
+  absl::StatusOr<const std::vector<DeviceMatrix>*> copies = work->ForFormat(c->format);
+  if (!copies.ok()) {
+    c->baseline_error = std::string(copies.status().message());
+    return;
+  }
+  const DeviceMatrix& first = (**copies)[0];
+  c->fallback_reason = first.fallback_reason();
+  const int64_t bytes =
+      first.weight_bytes() + 2 * c->m * c->shape.k + 2 * c->m * c->shape.n;
+  auto run = [&](Candidate* cand, const GemvOptions& options) {
+    cand->bytes = bytes;
+    absl::StatusOr<ShapeWorkload::GemvRun> r =
+        work->CheckAndTimeGemv(**copies, c->m, options, timing);
+    if (!r.ok()) {
+      cand->run_error = std::string(r.status().message());
+      return;
+    }
+    cand->ran = true;
+    cand->check = r->check;
+    cand->time_us = r->time_us;
+  };
+  absl::StatusOr<GemvPlan> plan = PlanGemv(first, c->m);
+  if (!plan.ok()) {
+    c->baseline_error = std::string(plan.status().message());
+  } else {
+    c->baseline.config = plan->config;
+    c->baseline_source = plan->source;
+    Progress(absl::StrFormat("[tune] %s: the dispatcher's %s (%s)", label,
+                             plan->config.ToString(), plan->source));
+    run(&c->baseline, GemvOptions{});
+    if (!c->baseline.run_error.empty()) c->baseline_error = c->baseline.run_error;
+  }
+  for (Candidate& cand : c->candidates) {
+    if (!cand.invalid.empty() || !cand.compile_error.empty()) continue;
+    Progress(absl::StrFormat("[tune] %s: %s", label, cand.config.ToString()));
+    GemvOptions options;
+    options.config = cand.config;
+    run(&cand, options);
+  }
+}
+
+void PrintCase(const TuneCase& c, int top) {
+  std::printf("%s\n", Label(c).c_str());
+  if (!c.fallback_reason.empty()) {
+    std::printf("  note: the weights stayed plain BF16: %s\n", c.fallback_reason.c_str());
+  }
+  if (!c.baseline_error.empty()) {
+    std::printf("  dispatcher's choice: FAILED: %s\n", c.baseline_error.c_str());
+  } else if (c.baseline.ran) {
+    std::printf("  dispatcher's choice: %s (%s): %.2f us, %s\n",
+                c.baseline.config.ToString().c_str(), c.baseline_source.c_str(),
+                c.baseline.time_us, c.baseline.check.ToString().c_str());
+  }
+  std::vector<const Candidate*> ranked;
+  for (const Candidate& cand : c.candidates) {
+    if (cand.usable()) ranked.push_back(&cand);
+  }
+  std::sort(ranked.begin(), ranked.end(),
+            [](const Candidate* a, const Candidate* b) { return a->time_us < b->time_us; });
+  if (!ranked.empty()) {
+    std::printf("  %4s  %-28s %9s %7s %10s %5s %7s  %s\n", "rank", "config", "time us", "TB/s",
+                "vs disp.", "regs", "spill B", "check |err|/tol");
+  }
+  const double base_us = c.baseline.usable() ? c.baseline.time_us : 0;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    if (top > 0 && static_cast<int>(i) >= top) {
+      std::printf("  ... %zu more (--top=0 prints all)\n", ranked.size() - i);
+      break;
+    }
+    const Candidate& r = *ranked[i];
+    const double tbps = static_cast<double>(r.bytes) / (r.time_us * 1e-6) / 1e12;
+    std::printf("  %4zu  %-28s %9.2f %7.2f %9.3fx %5d %7d  %.3f%s\n", i + 1,
+                r.config.ToString().c_str(), r.time_us, tbps,
+                base_us > 0 ? base_us / r.time_us : 0.0, r.compiled ? r.compiled->registers : -1,
+                r.compiled ? r.compiled->spill_bytes : -1, r.check.max_ratio,
+                r.config == c.baseline.config ? "  (the dispatcher's)" : "");
+  }
+  for (const Candidate& cand : c.candidates) {
+    if (!cand.invalid.empty()) {
+      std::printf("  invalid  %s: %s\n", cand.config.ToString().c_str(), cand.invalid.c_str());
+    } else if (!cand.compile_error.empty()) {
+      std::printf("  compile FAILED  %s: %s\n", cand.config.ToString().c_str(),
+                  cand.compile_error.c_str());
+    } else if (!cand.run_error.empty()) {
+      std::printf("  run FAILED  %s: %s\n", cand.config.ToString().c_str(),
+                  cand.run_error.c_str());
+    } else if (cand.ran && !cand.check.ok()) {
+      std::printf("  WRONG  %s: %s\n", cand.config.ToString().c_str(),
+                  cand.check.ToString().c_str());
+    }
+  }
+  if (const Candidate* w = c.Winner()) {
+    std::printf("  winner: %s, %.2f us%s\n", w->config.ToString().c_str(), w->time_us,
+                w == &c.baseline ? " (the dispatcher's choice stands)" : "");
+  }
+  std::printf("\n");
+}
+
+nlohmann::json CandidateJson(const Candidate& c) {
+  nlohmann::json j = {{"config", c.config.ToString()}};
+  if (!c.invalid.empty()) j["invalid"] = c.invalid;
+  if (!c.compile_error.empty()) j["compile_error"] = c.compile_error;
+  if (!c.run_error.empty()) j["run_error"] = c.run_error;
+  if (c.compiled) {
+    j["compile"] = {{"from_disk", c.compiled->from_disk},
+                    {"millis", c.compiled->millis},
+                    {"registers", c.compiled->registers},
+                    {"spill_bytes", c.compiled->spill_bytes},
+                    {"shared_bytes", c.compiled->shared_bytes}};
+  }
+  if (c.ran) {
+    j["time_us"] = c.time_us;
+    j["bytes"] = c.bytes;
+    j["tbps"] = c.time_us > 0 ? static_cast<double>(c.bytes) / (c.time_us * 1e-6) / 1e12 : 0.0;
+    j["max_err_ratio"] = c.check.max_ratio;
+    j["check_ok"] = c.check.ok();
+  }
+  return j;
+}
+
+int RunTune(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::fprintf(stderr, "gemvz tune: unexpected argument '%s' (see gemvz tune --help)\n",
+                 args[0].c_str());
+    return 2;
+  }
+  auto usage_error = [](const std::string& message) {
+    std::fprintf(stderr, "gemvz tune: %s\n", message.c_str());
+    return 2;
+  };
+  absl::StatusOr<std::vector<MatrixShape>> shapes =
+      ShapesFromFlag(absl::GetFlag(FLAGS_shape), /*quick=*/false);
+  absl::StatusOr<std::vector<int64_t>> ms = ParseMList(absl::GetFlag(FLAGS_m));
+  absl::StatusOr<TimingOptions> timing = TimingFromFlags();
+  absl::StatusOr<WorkloadOptions> workload = WorkloadFromFlags(0);
+  absl::StatusOr<WeightFormat> sweep_format = ParseFormat(absl::GetFlag(FLAGS_sweep_format));
+  for (const absl::Status& st : {shapes.status(), ms.status(), timing.status(), workload.status(),
+                                 sweep_format.status()}) {
+    if (!st.ok()) return usage_error(std::string(st.message()));
+  }
+  const std::string config_text = absl::GetFlag(FLAGS_config);
+  const std::string space_path = absl::GetFlag(FLAGS_space);
+  const bool sweep = absl::GetFlag(FLAGS_sweep) || !space_path.empty();
+  if (config_text.empty() == !sweep) {
+    return usage_error(config_text.empty()
+                           ? "give --config=CONFIG, or --sweep / --space=FILE (see --help)"
+                           : "--config and --sweep/--space exclude each other");
+  }
+  std::optional<KernelConfig> single;
+  if (!config_text.empty()) {
+    absl::StatusOr<KernelConfig> parsed = KernelConfig::Parse(config_text);
+    if (!parsed.ok()) return usage_error(absl::StrCat("--config: ", parsed.status().message()));
+    single = *parsed;
+  }
+  std::optional<std::vector<KernelConfig>> space;
+  if (!space_path.empty()) {
+    absl::StatusOr<std::vector<KernelConfig>> read = ReadSpaceFile(space_path);
+    if (!read.ok()) return usage_error(std::string(read.status().message()));
+    space = *read;
+  }
+
+  // The GPU, when there is one, sets the limits, the architecture and the timing.
+  const std::string no_gpu = NoGpuReason();
+  std::unique_ptr<GpuSession> session;
+  if (no_gpu.empty()) {
+    absl::StatusOr<std::unique_ptr<GpuSession>> opened = GpuSession::Open(absl::GetFlag(FLAGS_device));
+    if (!opened.ok()) {
+      std::fprintf(stderr, "gemvz tune: %s\n", std::string(opened.status().message()).c_str());
+      return 1;
+    }
+    session = std::move(*opened);
+  }
+  const DeviceLimits limits = session ? session->info().limits : DefaultDeviceLimits();
+  std::string arch = absl::GetFlag(FLAGS_arch);
+  if (arch.empty()) arch = session ? session->info().arch : "sm_90";
+  if (session && arch != session->info().arch) {
+    std::fprintf(stderr,
+                 "gemvz tune: note: compiling for --arch=%s, but the GPU runs %s kernels; the timed "
+                 "kernels are compiled for %s\n",
+                 arch.c_str(), session->info().arch.c_str(), session->info().arch.c_str());
+  }
+
+  // One case per (shape, m, format); each candidate checked against the rules first.
+  std::vector<TuneCase> cases;
+  int invalid_single = 0;
+  for (const MatrixShape& shape : *shapes) {
+    for (const int64_t m : *ms) {
+      const GemvShape gshape{m, shape.n, shape.k};
+      std::vector<KernelConfig> configs;
+      if (single) {
+        configs = {*single};
+      } else if (space) {
+        configs = *space;
+      } else {
+        configs = SweepSpace(gshape, *sweep_format);
+      }
+      std::map<WeightFormat, TuneCase> by_format;
+      for (const KernelConfig& config : configs) {
+        TuneCase& c = by_format[config.format];
+        c.shape = shape;
+        c.m = m;
+        c.format = config.format;
+        Candidate cand;
+        cand.config = config;
+        if (absl::Status st = Validate(config, gshape, limits); !st.ok()) {
+          cand.invalid = std::string(st.message());
+          if (single) {
+            ++invalid_single;
+            std::fprintf(stderr, "gemvz tune: %s is invalid for %s: %s\n",
+                         config.ToString().c_str(), gshape.ToString().c_str(),
+                         cand.invalid.c_str());
+          }
+        }
+        c.candidates.push_back(std::move(cand));
+      }
+      if (configs.empty()) {
+        std::fprintf(stderr, "gemvz tune: no configuration to try for %s\n",
+                     gshape.ToString().c_str());
+      }
+      for (auto& [format, c] : by_format) cases.push_back(std::move(c));
+    }
+  }
+  if (single && invalid_single == static_cast<int>(cases.size())) {
+    std::fprintf(stderr, "gemvz tune: nothing to try: %s breaks a rule for every shape asked\n",
+                 single->ToString().c_str());
+    return 2;
+  }
+
+  const int threads = absl::GetFlag(FLAGS_j);
+  CompileCandidates(&cases, session ? session->info().arch : arch, threads);
+  if (session && arch != session->info().arch) CompileCandidates(&cases, arch, threads);
+
+  if (!session) {
+    int compiled = 0, failed = 0, invalid = 0;
+    for (const TuneCase& c : cases) {
+      for (const Candidate& cand : c.candidates) {
+        if (!cand.invalid.empty()) {
+          ++invalid;
+        } else if (!cand.compile_error.empty()) {
+          ++failed;
+          std::printf("compile FAILED %s: %s\n", cand.config.ToString().c_str(),
+                      cand.compile_error.c_str());
+        } else if (cand.compiled) {
+          ++compiled;
+          if (single) {
+            std::printf("%s for %s m=%lld: valid; %s for %s in %.0f ms (%d registers, %d spill "
+                        "bytes, %d B shared)\n",
+                        cand.config.ToString().c_str(), c.shape.ToString().c_str(),
+                        static_cast<long long>(c.m),
+                        cand.compiled->from_disk ? "found in the disk cache" : "compiled",
+                        arch.c_str(), cand.compiled->millis, cand.compiled->registers,
+                        cand.compiled->spill_bytes, cand.compiled->shared_bytes);
+          }
+        }
+      }
+    }
+    std::printf("%d valid configuration(s) compiled for %s, %d failed to compile, %d invalid.\n",
+                compiled, arch.c_str(), failed, invalid);
+    std::fprintf(stderr,
+                 "gemvz tune: checking and timing need a GPU, and none can be used here (%s); "
+                 "nothing was timed%s.\n",
+                 no_gpu.c_str(), absl::GetFlag(FLAGS_save) ? " and nothing was saved" : "");
+    return 1;
+  }
+
+  // Time on the GPU, one shape's weights at a time.
+  workload->seed = SeedFromFlag();
+  const int64_t max_m = *std::max_element(ms->begin(), ms->end());
+  std::printf("gemvz tune on %s (%s), seed %llu, %d replays of >= %d launches, %lld MiB rotated\n\n",
+              session->info().name.c_str(), session->info().arch.c_str(),
+              static_cast<unsigned long long>(workload->seed), timing->replays,
+              timing->min_launches, static_cast<long long>(workload->rotate_bytes >> 20));
+  bool ok = true;
+  for (const MatrixShape& shape : *shapes) {
+    Progress(absl::StrFormat("[tune] %s: weights, x and the CPU reference", shape.ToString()));
+    absl::StatusOr<std::unique_ptr<ShapeWorkload>> work =
+        ShapeWorkload::Create(session.get(), shape, max_m, *workload);
+    for (TuneCase& c : cases) {
+      if (c.shape.n != shape.n || c.shape.k != shape.k) continue;
+      if (!work.ok()) {
+        c.baseline_error = std::string(work.status().message());
+      } else {
+        TimeCase(work->get(), *timing, &c);
+      }
+      PrintCase(c, absl::GetFlag(FLAGS_top));
+      std::fflush(stdout);
+    }
+  }
+
+  std::vector<TunedChoice> winners;
+  for (const TuneCase& c : cases) {
+    if (!c.baseline_error.empty()) ok = false;
+    for (const Candidate& cand : c.candidates) {
+      if (!cand.invalid.empty()) {
+        ok = ok && !single;  // in a sweep, an invalid configuration is just skipped
+      } else if (!cand.usable()) {
+        ok = false;
+      }
+    }
+    if (const Candidate* w = c.Winner()) {
+      TunedChoice choice;
+      choice.arch = session->info().arch;
+      choice.format = c.format;
+      choice.m = c.m;
+      choice.n = c.shape.n;
+      choice.k = c.shape.k;
+      choice.config = w->config;
+      choice.time_us = w->time_us;
+      winners.push_back(choice);
+    }
+  }
+
+  std::string saved_to;
+  if (absl::GetFlag(FLAGS_save)) {
+    if (winners.empty()) {
+      std::printf("--save: no winner to save\n");
+      ok = false;
+    } else if (absl::Status st = SaveTunedChoices(winners); !st.ok()) {
+      std::fprintf(stderr, "gemvz tune: --save: %s\n", std::string(st.message()).c_str());
+      ok = false;
+    } else {
+      saved_to = TuningFilePath();
+      std::printf("saved %zu winner(s) to %s; the dispatcher uses them from now on, no rebuild\n",
+                  winners.size(), saved_to.c_str());
+    }
+  }
+
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  if (!json_path.empty()) {
+    nlohmann::json doc;
+    doc["schema"] = "gemvz.tune/1";
+    doc["date"] = UtcTimestamp();
+    doc["gpu"] = {{"name", session->info().name}, {"arch", session->info().arch}};
+    doc["settings"] = {{"replays", timing->replays},
+                       {"rotate_bytes", workload->rotate_bytes},
+                       {"seed", workload->seed}};
+    nlohmann::json results = nlohmann::json::array();
+    for (const TuneCase& c : cases) {
+      nlohmann::json candidates = nlohmann::json::array();
+      for (const Candidate& cand : c.candidates) candidates.push_back(CandidateJson(cand));
+      nlohmann::json r = {
+          {"shape", {{"name", c.shape.name}, {"n", c.shape.n}, {"k", c.shape.k}}},
+          {"m", c.m},
+          {"format", std::string(FormatName(c.format))},
+          {"dispatcher", CandidateJson(c.baseline)},
+          {"candidates", std::move(candidates)},
+      };
+      r["dispatcher"]["source"] = c.baseline_source;
+      if (!c.baseline_error.empty()) r["dispatcher"]["error"] = c.baseline_error;
+      const Candidate* w = c.Winner();
+      r["winner"] = w == nullptr ? nlohmann::json(nullptr)
+                                 : nlohmann::json{{"config", w->config.ToString()},
+                                                  {"time_us", w->time_us}};
+      results.push_back(std::move(r));
+    }
+    doc["results"] = std::move(results);
+    doc["saved_to"] = saved_to.empty() ? nlohmann::json(nullptr) : nlohmann::json(saved_to);
+    doc["ok"] = ok;
+    if (absl::Status st = WriteJsonFile(json_path, doc); !st.ok()) {
+      std::fprintf(stderr, "gemvz tune: %s\n", std::string(st.message()).c_str());
+      ok = false;
+    } else {
+      std::printf("wrote %s\n", json_path.c_str());
+    }
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace gemvz::cli
+
+GEMVZ_REGISTER_COMMAND(tune, "tune",
+                       "try any kernel configuration, or sweep and rank them; --save for the "
+                       "dispatcher",
+                       gemvz::cli::TuneUsage().c_str(), gemvz::cli::RunTune);
