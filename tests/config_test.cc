@@ -2,12 +2,17 @@
 // with the message that names it.
 #include "gemvz/config.h"
 
+#include <stdlib.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <string>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "gemvz/runtime.h"
 #include "gtest/gtest.h"
 
 // gmock is not linked: a substring check that prints both sides.
@@ -210,14 +215,43 @@ TEST(ConfigTest, ValidateConfigChecksEveryRange) {
 }
 
 TEST(ConfigTest, SharedMemoryMatchesTheKernelsArrays) {
-  // red[NW][NB*32] float4 + s_last; z12 adds ecorr[16][NB*8+1] float and two ints.
+  // red[NW][NB*32] float4 + s_last; z12 adds ecorr[16][NB*8+1] float and s_dense.
   const KernelConfig z{WeightFormat::kZ12, 8, 2, 2, 3, 1};
-  EXPECT_EQ(z.shared_bytes(), 8 * 2 * 32 * 16 + 16 * (2 * 8 + 1) * 4 + 8 + 4);
+  EXPECT_EQ(z.shared_bytes(), 8 * 2 * 32 * 16 + 16 * (2 * 8 + 1) * 4 + 4 + 4);
   const KernelConfig b{WeightFormat::kBf16, 8, 2, 2, 3, 1};
   EXPECT_EQ(b.shared_bytes(), 8 * 2 * 32 * 16 + 4);
   EXPECT_EQ(z.threads(), 9 * 32);  // the exception warp
   EXPECT_EQ(b.threads(), 8 * 32);
   EXPECT_EQ(z.tokens_per_launch(), 16);
+}
+
+// What Validate counts is what the compiled kernels declare: ptxas's static shared memory for a
+// few configurations, compiled by NVRTC (no GPU needed) into a private cache directory.
+TEST(ConfigTest, SharedMemoryMatchesPtxas) {
+  char dir_template[] = "/tmp/gemvz_config_test.XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const char* old = std::getenv("GEMVZ_CACHE_DIR");
+  const std::string saved = old ? old : "";
+  ::setenv("GEMVZ_CACHE_DIR", dir.c_str(), 1);
+  const KernelConfig configs[] = {{WeightFormat::kZ12, 8, 1, 2, 3, 1},
+                                  {WeightFormat::kZ12, 4, 1, 4, 0, 1},
+                                  {WeightFormat::kBf16, 8, 1, 1, 3, 1},
+                                  {WeightFormat::kBf16, 4, 1, 4, 0, 1}};
+  for (const KernelConfig& c : configs) {
+    absl::StatusOr<PrecompileResult> r = Precompile(c, "sm_90");
+    ASSERT_TRUE(r.ok()) << c.ToString() << ": " << Msg(r.status());
+    ASSERT_GE(r->shared_bytes, 0) << c.ToString() << ": ptxas reported no statistics";
+    // Validate may overestimate by alignment padding, never underestimate.
+    EXPECT_LE(r->shared_bytes, c.shared_bytes()) << c.ToString();
+    EXPECT_GE(r->shared_bytes + 16, c.shared_bytes()) << c.ToString();
+  }
+  if (old) {
+    ::setenv("GEMVZ_CACHE_DIR", saved.c_str(), 1);
+  } else {
+    ::unsetenv("GEMVZ_CACHE_DIR");
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A configuration and shape that pass every rule; each case below breaks exactly one.

@@ -28,6 +28,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "gemvz/config.h"
+#include "gemvz/runtime.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/dispatch/dispatcher.h"
@@ -732,6 +733,34 @@ TEST(HeuristicTest, EdgeShapes) {
   // m < 1 plans like m = 1.
   EXPECT_EQ(HeuristicConfig(GemvShape{0, 4096, 4096}, WeightFormat::kZ12),
             HeuristicConfig(GemvShape{1, 4096, 4096}, WeightFormat::kZ12));
+}
+
+TEST(HeuristicTest, ItsKernelsDoNotSpill) {
+  // ptxas's statistics through NVRTC (no GPU needed), in a private cache directory.
+  TempDir tmp;
+  ScopedEnv cache("GEMVZ_CACHE_DIR", tmp.path().c_str());
+  ScopedEnv enabled("GEMVZ_DISABLE_DISK_CACHE", nullptr);
+  std::vector<KernelConfig> kernels;
+  absl::flat_hash_set<std::string> names;
+  auto add = [&](KernelConfig c) {
+    c.splits = 1;
+    if (names.insert(c.KernelName()).second) kernels.push_back(c);
+  };
+  for (WeightFormat f : kFormats) {
+    for (const auto& nk : kSuite) {
+      for (int64_t m = 1; m <= 32; ++m) add(HeuristicConfig(GemvShape{m, nk[0], nk[1]}, f));
+    }
+    // Starved shapes (few row blocks, long K) take the most warps.
+    for (int64_t m : {1, 9, 17, 25}) add(HeuristicConfig(GemvShape{m, 64, 1 << 20}, f));
+  }
+  absl::StatusOr<std::vector<PrecompileResult>> compiled = PrecompileAll(kernels, "sm_90", 2);
+  ASSERT_TRUE(compiled.ok()) << Msg(compiled.status());
+  for (const PrecompileResult& r : *compiled) {
+    std::printf("[ info ] %-26s %3d registers, %d bytes spilled\n", r.config.KernelName().c_str(),
+                r.registers, r.spill_bytes);
+    EXPECT_EQ(r.spill_bytes, 0) << r.config.KernelName()
+                                << " spills: revisit PipeFor/WarpRank in heuristics.cc";
+  }
 }
 
 // ----------------------------------------------------------------------------------------------

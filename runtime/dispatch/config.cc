@@ -38,9 +38,10 @@ std::string KernelConfig::ToString() const { return absl::StrCat(KernelName(), "
 std::string GemvShape::ToString() const { return absl::StrFormat("m%d.n%d.k%d", m, n, k); }
 
 int64_t KernelConfig::shared_bytes() const {
-  // red[NW][NB*32] float4, plus for z12: ecorr[16][NB*8+1] float and two ints.
+  // The kernels' static arrays: red[NW][NB*32] float4 and s_last; z12 adds ecorr[16][NB*8+1]
+  // float and s_dense. config_test compares this with what ptxas reports.
   int64_t bytes = static_cast<int64_t>(nw) * nb * 32 * 16;
-  if (format == WeightFormat::kZ12) bytes += 16 * (nb * 8 + 1) * 4 + 8;
+  if (format == WeightFormat::kZ12) bytes += 16 * (nb * 8 + 1) * 4 + 4;
   return bytes + 4;  // s_last
 }
 

@@ -49,6 +49,15 @@ int UgRank(int ug) {
   return 100 + ug;
 }
 
+// NOTES: ptxas on sm_90 (NVRTC 13.0; see tuned_table.cc): PIPE 3 (minBlocks 1) never spills up to
+// 8 warps. With 16 warps, PIPE 2's two CTAs per SM cap a thread at 56-64 registers, which only
+// the 12-bit kernel with UG 1 and NB 1 fits (chapter 8's choice for the largest shapes); the
+// others spill hundreds of bytes there, and PIPE 3 leaves one CTA per SM, so they take PIPE 0.
+int PipeFor(WeightFormat format, int nw, int ug, int nb) {
+  if (nw < 16) return 3;
+  return format == WeightFormat::kZ12 && ug == 1 && nb == 1 ? 2 : 0;
+}
+
 // The best valid configuration with exactly `nb` token blocks, if there is one.
 std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFormat format, int nb,
                                                 int sm_count) {
@@ -57,8 +66,9 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
   const int64_t row_blocks = shape.n / 16;
   const int64_t groups = shape.k / 64;
   const int64_t target_ctas = kTargetWavesOfCtas * sm_count;
-  // Even the largest split leaves SMs idle: more warps per CTA is the only other lever.
-  const bool starved = row_blocks * kSplits.back() < sm_count;
+  // Even the largest split leaves SMs idle: more warps per CTA is the only other lever (up to
+  // NB = 2: with 4 token blocks 16 warps spill whatever the PIPE).
+  const bool starved = row_blocks * kSplits.back() < sm_count && nb <= 2;
 
   // Lexicographic, smaller is better: long enough loops, then the GPU filled (up to the target),
   // then as little split-K as that takes, then the usual warp counts and groups per trip.
@@ -70,8 +80,7 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
       for (int s : kSplits) {
         const int64_t quantum = int64_t{s} * nw * ug;
         if (groups % quantum != 0) continue;
-        // 16 warps run two CTAs per SM only with minBlocks 2 (PIPE 2); fewer fit with PIPE 3.
-        const KernelConfig c{format, nw, ug, nb, nw >= 16 ? 2 : 3, s};
+        const KernelConfig c{format, nw, ug, nb, PipeFor(format, nw, ug, nb), s};
         if (!Validate(c, launch, limits).ok()) continue;
         const int64_t trips = groups / quantum;
         const Score score{trips < kMinTripsPerWarp ? 1 : 0, -std::min(row_blocks * s, target_ctas),
