@@ -1,8 +1,6 @@
 // NVRTC compiler: real kernels compile for sm_90 without a GPU into cubin + PTX holding the
 // tensor-core and byte-permute instructions; failures carry log, options and configuration;
 // ptxas statistics are parsed; architectures are checked.
-#include "runtime/jit/nvrtc_compiler.h"
-
 #include <string>
 #include <vector>
 
@@ -11,6 +9,7 @@
 #include "gemvz/config.h"
 #include "gtest/gtest.h"
 #include "runtime/jit/kernel_cache.h"
+#include "runtime/jit/nvrtc_compiler.h"
 #include "tests/support/jit_test_util.h"
 
 namespace gemvz::internal {
@@ -36,7 +35,9 @@ TEST(CompilerTest, RealZ12KernelForSm90HasMmaAndPrmt) {
   EXPECT_FALSE(k.cubin.empty());
   // An ELF image for the GPU.
   ASSERT_GE(k.cubin.size(), 4u);
-  EXPECT_EQ(k.cubin.substr(0, 4), "\x7f" "ELF");
+  EXPECT_EQ(k.cubin.substr(0, 4),
+            "\x7f"
+            "ELF");
   EXPECT_NE(k.ptx.find("mma.sync"), std::string::npos);
   EXPECT_NE(k.ptx.find("prmt"), std::string::npos);
   EXPECT_NE(k.ptx.find(".target sm_90"), std::string::npos);
@@ -70,8 +71,8 @@ TEST(CompilerTest, RandomConfigurationsCompileAndKeepTheirTemplateArguments) {
     SCOPED_TRACE(config.ToString());
     const CompiledKernel k = CompileOrDie(config, "sm_90", *sources);
     // Itanium mangling of <NW, UG, NB, PIPE>: ILi8ELi2ELi2ELi3EE.
-    const std::string args = absl::StrFormat("ILi%dELi%dELi%dELi%dEE", config.nw, config.ug,
-                                             config.nb, config.pipe);
+    const std::string args =
+        absl::StrFormat("ILi%dELi%dELi%dELi%dEE", config.nw, config.ug, config.nb, config.pipe);
     EXPECT_NE(k.lowered_name.find(args), std::string::npos) << k.lowered_name;
     EXPECT_EQ(k.kernel_name, config.KernelName());
     EXPECT_NE(k.ptx.find("mma.sync"), std::string::npos);
@@ -81,7 +82,8 @@ TEST(CompilerTest, RandomConfigurationsCompileAndKeepTheirTemplateArguments) {
 TEST(CompilerTest, FailedCompileCarriesLogOptionsAndConfiguration) {
   auto files = jit_test::StandInKernelFiles();
   for (auto& [name, text] : files) {
-    if (name == "z12_gemv.cuh") text += "\nthis_is_not_cuda_code_" + std::to_string(Rng()() % 1000) + ";\n";
+    if (name == "z12_gemv.cuh")
+      text += "\nthis_is_not_cuda_code_" + std::to_string(Rng()() % 1000) + ";\n";
   }
   auto sources = SourceSet::FromFiles(files);
   KernelConfig config;
@@ -131,11 +133,11 @@ TEST(CompilerTest, ArchitecturesAreChecked) {
   EXPECT_TRUE(CheckArch("sm_90").ok());
   EXPECT_TRUE(CheckArch("sm_90a").ok());
   EXPECT_TRUE(CheckArch("sm_80").ok());
-  for (const char* bad : {"", "sm90", "sm_", "compute_90", "sm_90b", "SM_90", "sm_9x", "sm_12345"}) {
+  for (const char* bad :
+       {"", "sm90", "sm_", "compute_90", "sm_90b", "SM_90", "sm_9x", "sm_12345"}) {
     absl::Status st = CheckArch(bad);
     EXPECT_FALSE(st.ok()) << bad;
-    EXPECT_NE(std::string(st.message()).find(absl::StrCat("'", bad, "'")), std::string::npos)
-        << st;
+    EXPECT_NE(std::string(st.message()).find(absl::StrCat("'", bad, "'")), std::string::npos) << st;
   }
   EXPECT_FALSE(CheckArch("sm_70").ok());  // no bf16 mma
 }
@@ -152,10 +154,11 @@ TEST(CompilerTest, PtxasReportIsParsedForTheRightFunction) {
       "ptxas info    : Used 255 registers, used 1 barriers, 999 bytes smem\n"
       "ptxas info    : Compiling entry function '_Z4minev' for 'sm_90'\n"
       "ptxas info    : Function properties for _Z4minev\n"
-      "ptxas         .     8 bytes stack frame, ", stores, " bytes spill stores, ", loads,
+      "ptxas         .     8 bytes stack frame, ",
+      stores, " bytes spill stores, ", loads,
       " bytes spill loads\n"
-      "ptxas info    : Used ", regs, " registers, used 1 barriers, ", smem,
-      " bytes smem, 400 bytes cmem[0]\n");
+      "ptxas info    : Used ",
+      regs, " registers, used 1 barriers, ", smem, " bytes smem, 400 bytes cmem[0]\n");
   const PtxasStats s = ParsePtxasLog(log, "_Z4minev");
   EXPECT_EQ(s.registers, regs);
   EXPECT_EQ(s.spill_bytes, stores + loads);

@@ -148,8 +148,7 @@ TEST(DiskCacheTest, WriteThenReadAndTouch) {
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_GT(st.st_mtime, 1000000000) << "a hit must refresh the LRU clock";
   // Only the entry: no temporary files left behind.
-  EXPECT_EQ(jit_test::ListFiles(dir.Join("kernels")),
-            std::vector<std::string>{k.key + ".gemvzk"});
+  EXPECT_EQ(jit_test::ListFiles(dir.Join("kernels")), std::vector<std::string>{k.key + ".gemvzk"});
   EXPECT_EQ(cache.Read(RandomKernel(1).key, &back, &reason, true), DiskCache::Lookup::kMissing);
 }
 

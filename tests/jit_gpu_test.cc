@@ -53,9 +53,9 @@ TEST_F(JitGpuTest, LoadsOnDeviceZeroWithPtxasStatistics) {
     EXPECT_EQ(FunctionAttribute(k->function, CU_FUNC_ATTRIBUTE_NUM_REGS), k->compiled->registers);
     EXPECT_EQ(FunctionAttribute(k->function, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
               k->compiled->shared_bytes);
-    EXPECT_EQ(FunctionAttribute(k->function, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK) >=
-                  c.threads(),
-              true);
+    EXPECT_EQ(
+        FunctionAttribute(k->function, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK) >= c.threads(),
+        true);
     // Another split count is the same function, with no new load.
     KernelConfig s = c;
     s.splits = 4;
@@ -88,10 +88,11 @@ TEST_F(JitGpuTest, DiskHitToLoadedFunctionTime) {
     ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
   std::sort(ms.begin(), ms.end());
-  std::printf("disk hit -> loaded CUfunction (%s, %zu-byte cubin): median %.3f ms, min %.3f ms, "
-              "max %.3f ms over %zu runs\n",
-              c.KernelName().c_str(), cache.LoadForConfig(0, c)->compiled->cubin.size(),
-              ms[ms.size() / 2], ms.front(), ms.back(), ms.size());
+  std::printf(
+      "disk hit -> loaded CUfunction (%s, %zu-byte cubin): median %.3f ms, min %.3f ms, "
+      "max %.3f ms over %zu runs\n",
+      c.KernelName().c_str(), cache.LoadForConfig(0, c)->compiled->cubin.size(), ms[ms.size() / 2],
+      ms.front(), ms.back(), ms.size());
   // And the hot path: a cached function costs a hash lookup.
   constexpr int kCalls = 100000;
   const auto t0 = std::chrono::steady_clock::now();
@@ -99,8 +100,9 @@ TEST_F(JitGpuTest, DiskHitToLoadedFunctionTime) {
     auto k = cache.LoadForConfig(0, c);
     if (!k.ok() || k->function == nullptr) FAIL();
   }
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0)
-                        .count() / kCalls;
+  const double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+      kCalls;
   std::printf("memory hit (cached CUfunction lookup): %.0f ns per call\n", ns);
 }
 

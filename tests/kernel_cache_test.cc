@@ -146,7 +146,8 @@ TEST(KernelCacheTest, KeyChangesWithWhatDeterminesTheBinaryAndNothingElse) {
     if (field == 1) c.ug = c.ug % 4 + 1;
     if (field == 2) c.nb = c.nb == 1 ? 2 : 1, c.nw = std::max(c.nw, c.nb);
     if (field == 3) c.pipe = (c.pipe + 1) % 4;
-    if (field == 4) c.format = c.format == WeightFormat::kZ12 ? WeightFormat::kBf16 : WeightFormat::kZ12;
+    if (field == 4)
+      c.format = c.format == WeightFormat::kZ12 ? WeightFormat::kBf16 : WeightFormat::kZ12;
     EXPECT_NE(key(base, c, "sm_90"), k0) << "field " << field;
   }
   // The architecture.
@@ -189,8 +190,8 @@ TEST(KernelCacheTest, KeyChangesWithWhatDeterminesTheBinaryAndNothingElse) {
 }
 
 // Damage an entry, drop memory, ask again: one warning, a recompile, a valid entry after.
-void ExpectRecompileAfterDamage(const std::function<void(const std::string& dir,
-                                                         const CompiledKernel& k)>& damage) {
+void ExpectRecompileAfterDamage(
+    const std::function<void(const std::string& dir, const CompiledKernel& k)>& damage) {
   TempDir dir;
   KernelCache cache(StandInOptions(dir.path()));
   const KernelConfig config = RandomValidConfig(Rng());
@@ -445,8 +446,8 @@ TEST(KernelCacheTest, DumpDirectoryGetsSourcePtxAndReport) {
   const KernelConfig c = RandomValidConfig(Rng());
   auto k = cache.GetForConfig(c, "sm_90");
   ASSERT_TRUE(k.ok());
-  const std::string base = absl::StrCat(dump.Join("nested/dumps/"), c.KernelName(), ".sm_90.",
-                                        (*k)->key.substr(0, 12));
+  const std::string base =
+      absl::StrCat(dump.Join("nested/dumps/"), c.KernelName(), ".sm_90.", (*k)->key.substr(0, 12));
   auto cu = ReadFile(base + ".cu");
   auto ptx = ReadFile(base + ".ptx");
   auto report = ReadFile(base + ".ptxas.txt");

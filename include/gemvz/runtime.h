@@ -15,12 +15,12 @@ namespace gemvz {
 
 // Counters since process start (or the last ResetJitCounters), for tests and tools.
 struct JitCounters {
-  int64_t memory_hits = 0;  // served from the in-process cache
-  int64_t disk_hits = 0;    // served from the disk cache, no compile
-  int64_t compiles = 0;     // NVRTC compilations
-  int64_t disk_writes = 0;  // entries published to disk
-  int64_t disk_rejects = 0; // corrupt, truncated or mismatched entries removed
-  int64_t module_loads = 0; // cuModuleLoadData calls
+  int64_t memory_hits = 0;       // served from the in-process cache
+  int64_t disk_hits = 0;         // served from the disk cache, no compile
+  int64_t compiles = 0;          // NVRTC compilations
+  int64_t disk_writes = 0;       // entries published to disk
+  int64_t disk_rejects = 0;      // corrupt, truncated or mismatched entries removed
+  int64_t module_loads = 0;      // cuModuleLoadData calls
   int64_t compile_failures = 0;  // NVRTC compilations that failed
   int64_t flight_waits = 0;      // requests that waited for another thread's compile of their key
 };

@@ -51,8 +51,8 @@ absl::StatusOr<int64_t> ParseByteSize(std::string_view text) {
   const std::string original(text);
   absl::string_view s = absl::StripAsciiWhitespace(original);
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad byte size '", original, "': ", why, " (examples: 1073741824, 512M, 1G, 64MiB)"));
+    return absl::InvalidArgumentError(absl::StrCat("bad byte size '", original, "': ", why,
+                                                   " (examples: 1073741824, 512M, 1G, 64MiB)"));
   };
   if (s.empty()) return bad("empty");
   // Split the digits from the unit.

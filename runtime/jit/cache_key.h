@@ -14,13 +14,13 @@ inline constexpr int kJitSchemaVersion = 1;
 
 struct CacheKeyInputs {
   int schema_version = kJitSchemaVersion;
-  std::string library_version;        // GEMVZ_VERSION
-  std::string nvrtc_version;          // "13.0"
-  std::string arch;                   // "sm_90"
-  std::vector<std::string> options;   // CanonicalOptions(): order matters to NVRTC, so kept
+  std::string library_version;          // GEMVZ_VERSION
+  std::string nvrtc_version;            // "13.0"
+  std::string arch;                     // "sm_90"
+  std::vector<std::string> options;     // CanonicalOptions(): order matters to NVRTC, so kept
   std::vector<EmbeddedSource> sources;  // every header NVRTC sees; sorted by name inside
-  std::string generated_source;       // the translation unit
-  std::string name_expression;        // "gemvz_z12_kernel<8, 2, 2, 3>"
+  std::string generated_source;         // the translation unit
+  std::string name_expression;          // "gemvz_z12_kernel<8, 2, 2, 3>"
 };
 
 // 64 lowercase hex digits.

@@ -120,8 +120,7 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) {
     if (errno == ENOENT) return names;
-    return absl::InternalError(
-        absl::StrCat("cannot list '", dir, "': ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("cannot list '", dir, "': ", std::strerror(errno)));
   }
   while (struct dirent* e = ::readdir(d)) {
     if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
@@ -168,24 +167,24 @@ absl::StatusOr<CompiledKernel> ParseEntry(std::string_view bytes, std::string_vi
                                           DiskEntryMeta* meta) {
   auto bad = [](const std::string& why) { return absl::DataLossError(why); };
   if (bytes.size() < kHeaderBytes) {
-    return bad(absl::StrCat("truncated: ", bytes.size(), " bytes, shorter than the ",
-                            kHeaderBytes, "-byte header"));
+    return bad(absl::StrCat("truncated: ", bytes.size(), " bytes, shorter than the ", kHeaderBytes,
+                            "-byte header"));
   }
   if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
     return bad("bad magic: not a gemvz kernel cache entry");
   }
   const uint32_t version = static_cast<uint32_t>(GetLe(bytes.data() + 8, 4));
   if (version != kDiskEntryVersion) {
-    return bad(absl::StrCat("entry format version ", version, ", this library reads ",
-                            kDiskEntryVersion));
+    return bad(
+        absl::StrCat("entry format version ", version, ", this library reads ", kDiskEntryVersion));
   }
   const uint32_t crc = static_cast<uint32_t>(GetLe(bytes.data() + 12, 4));
   const uint64_t payload_size = GetLe(bytes.data() + 16, 8);
   const std::string_view payload = bytes.substr(kHeaderBytes);
   if (payload.size() != payload_size) {
     return bad(absl::StrCat(payload.size() < payload_size ? "truncated" : "trailing bytes",
-                            ": the header announces ", payload_size, " payload bytes, the file has ",
-                            payload.size()));
+                            ": the header announces ", payload_size,
+                            " payload bytes, the file has ", payload.size()));
   }
   const uint32_t actual_crc = Crc32c(payload.data(), payload.size());
   if (actual_crc != crc) {
@@ -195,8 +194,7 @@ absl::StatusOr<CompiledKernel> ParseEntry(std::string_view bytes, std::string_vi
   DiskEntryMeta m;
   int64_t compile_us = 0;
   FieldReader r(payload);
-  r.String("key", &k.key) && r.String("arch", &k.arch) &&
-      r.String("kernel_name", &k.kernel_name) &&
+  r.String("key", &k.key) && r.String("arch", &k.arch) && r.String("kernel_name", &k.kernel_name) &&
       r.String("name_expression", &k.name_expression) &&
       r.String("lowered_name", &k.lowered_name) && r.String("nvrtc_version", &m.nvrtc_version) &&
       r.String("library_version", &m.library_version) && r.I64("created", &m.created_unix) &&
@@ -236,8 +234,8 @@ bool DiskCache::read_only() const {
   return read_only_;
 }
 
-DiskCache::Lookup DiskCache::Read(const std::string& key, CompiledKernel* out,
-                                  std::string* reason, bool remove_bad) {
+DiskCache::Lookup DiskCache::Read(const std::string& key, CompiledKernel* out, std::string* reason,
+                                  bool remove_bad) {
   const std::string path = EntryPath(key);
   absl::StatusOr<std::string> bytes = ReadFile(path);
   if (!bytes.ok()) {
@@ -328,9 +326,9 @@ absl::StatusOr<std::vector<DiskEntryInfo>> DiskCache::List(bool verify) const {
       info.status = absl::DataLossError("file name is not <64 hex digits>.gemvzk");
     } else if (verify) {
       absl::StatusOr<std::string> bytes = ReadFile(info.path);
-      absl::StatusOr<CompiledKernel> k =
-          bytes.ok() ? ParseEntry(*bytes, key, &info.meta)
-                     : absl::StatusOr<CompiledKernel>(bytes.status());
+      absl::StatusOr<CompiledKernel> k = bytes.ok()
+                                             ? ParseEntry(*bytes, key, &info.meta)
+                                             : absl::StatusOr<CompiledKernel>(bytes.status());
       if (k.ok()) {
         info.kernel_name = k->kernel_name;
         info.arch = k->arch;
@@ -382,10 +380,9 @@ absl::StatusOr<PruneResult> DiskCache::Prune(int64_t max_bytes, std::string_view
       if (::stat(path.c_str(), &st) != 0) continue;
       const int64_t age = now - static_cast<int64_t>(st.st_mtim.tv_sec);
       const bool temp = name.find(".tmp.") != std::string::npos && age > kStaleTempSeconds;
-      const bool orphan_lock = dir == &locks_dir_ && EndsWith(name, kLockSuffix) &&
-                               age > kStaleLockSeconds &&
-                               ::access(EntryPath(name.substr(0, name.size() - 5)).c_str(),
-                                        F_OK) != 0;
+      const bool orphan_lock =
+          dir == &locks_dir_ && EndsWith(name, kLockSuffix) && age > kStaleLockSeconds &&
+          ::access(EntryPath(name.substr(0, name.size() - 5)).c_str(), F_OK) != 0;
       if (temp || orphan_lock) RemoveFile(path);
     }
   }

@@ -107,10 +107,9 @@ std::string KernelCache::RequestId(const CompileRequest& r) const {
 absl::StatusOr<std::string> KernelCache::KeyFor(const CompileRequest& request) const {
   RETURN_IF_ERROR(CheckArch(request.arch));
   if (sources_->Find(request.source_file) == nullptr) {
-    return absl::NotFoundError(absl::StrCat("kernel source '", request.source_file,
-                                            "' (for ", request.kernel_name,
-                                            ") is not among the embedded sources: ",
-                                            sources_->Names()));
+    return absl::NotFoundError(
+        absl::StrCat("kernel source '", request.source_file, "' (for ", request.kernel_name,
+                     ") is not among the embedded sources: ", sources_->Names()));
   }
   CacheKeyInputs in;
   in.library_version = LibraryVersion();
@@ -246,17 +245,16 @@ void KernelCache::Dump(const CompileRequest& request, const CompiledKernel& kern
   std::optional<std::string> dir =
       options_.dump_directory ? options_.dump_directory : GetEnv("GEMVZ_DUMP_DIR");
   if (!dir || dir->empty()) return;
-  const std::string base =
-      absl::StrCat(*dir, "/", SafeFileName(kernel.kernel_name), ".", kernel.arch, ".",
-                   kernel.key.substr(0, 12));
+  const std::string base = absl::StrCat(*dir, "/", SafeFileName(kernel.kernel_name), ".",
+                                        kernel.arch, ".", kernel.key.substr(0, 12));
   std::string source = GeneratedSource(request.source_file);
-  absl::StrAppend(&source, "// name expression: ", kernel.name_expression, "\n// lowered name: ",
-                  kernel.lowered_name, "\n// headers (in memory): ", sources_->Names(), "\n");
-  const std::string report =
-      absl::StrCat("options: ", absl::StrJoin(Options(kernel.arch), " "), "\nregisters: ",
-                   kernel.registers, "\nspill bytes: ", kernel.spill_bytes,
-                   "\nshared bytes: ", kernel.shared_bytes, "\ncompile ms: ", kernel.compile_ms,
-                   "\n\n", kernel.log);
+  absl::StrAppend(&source, "// name expression: ", kernel.name_expression,
+                  "\n// lowered name: ", kernel.lowered_name,
+                  "\n// headers (in memory): ", sources_->Names(), "\n");
+  const std::string report = absl::StrCat(
+      "options: ", absl::StrJoin(Options(kernel.arch), " "), "\nregisters: ", kernel.registers,
+      "\nspill bytes: ", kernel.spill_bytes, "\nshared bytes: ", kernel.shared_bytes,
+      "\ncompile ms: ", kernel.compile_ms, "\n\n", kernel.log);
   absl::Status st = CreateDirectories(*dir);
   if (st.ok()) st = AtomicWriteFile(base + ".cu", source);
   if (st.ok() && !kernel.ptx.empty()) st = AtomicWriteFile(base + ".ptx", kernel.ptx);
@@ -276,7 +274,8 @@ absl::StatusOr<LoadedKernel> KernelCache::LoadCompiled(
   CU_RETURN_IF_ERROR(cuModuleLoadData(&module, compiled->cubin.data()));
   CUfunction function = nullptr;
   auto driver = Driver();
-  const CUresult r = (*driver)->cuModuleGetFunction(&function, module, compiled->lowered_name.c_str());
+  const CUresult r =
+      (*driver)->cuModuleGetFunction(&function, module, compiled->lowered_name.c_str());
   if (r != CUDA_SUCCESS) {
     (*driver)->cuModuleUnload(module);
     return CuResultToStatus(r, "cuModuleGetFunction(lowered name of the kernel)", __FILE__,

@@ -25,19 +25,19 @@ namespace gemvz::internal {
 
 // A compiled kernel: what the disk cache stores.
 struct CompiledKernel {
-  std::string key;            // hex digest of everything that determines the binary
-  std::string arch;           // "sm_90", "sm_90a"
-  std::string kernel_name;    // config.KernelName()
+  std::string key;              // hex digest of everything that determines the binary
+  std::string arch;             // "sm_90", "sm_90a"
+  std::string kernel_name;      // config.KernelName()
   std::string name_expression;  // "gemvz_z12_kernel<8, 2, 2, 3>"
-  std::string lowered_name;   // the mangled name NVRTC reported for it
-  std::string cubin;          // bytes
-  std::string ptx;            // kept when available (tests look into it)
-  int registers = -1;         // ptxas statistics, -1 when unknown
-  int spill_bytes = -1;       // spill stores + loads
+  std::string lowered_name;     // the mangled name NVRTC reported for it
+  std::string cubin;            // bytes
+  std::string ptx;              // kept when available (tests look into it)
+  int registers = -1;           // ptxas statistics, -1 when unknown
+  int spill_bytes = -1;         // spill stores + loads
   int shared_bytes = -1;
-  double compile_ms = 0;      // NVRTC time when it was compiled
-  bool from_disk = false;     // true when this request was served from the disk cache
-  std::string log;            // NVRTC's program log: the ptxas report (-v)
+  double compile_ms = 0;   // NVRTC time when it was compiled
+  bool from_disk = false;  // true when this request was served from the disk cache
+  std::string log;         // NVRTC's program log: the ptxas report (-v)
 };
 
 // Compiles (or fetches) the kernel of `config` (splits ignored) for `arch` ("sm_90" etc.).
@@ -109,8 +109,9 @@ class KernelCache {
   absl::StatusOr<std::shared_ptr<const CompiledKernel>> Get(const CompileRequest& request,
                                                             CacheSource* source = nullptr);
   // Validates the configuration first (no NVRTC for an invalid one).
-  absl::StatusOr<std::shared_ptr<const CompiledKernel>> GetForConfig(
-      const KernelConfig& config, std::string_view arch, CacheSource* source = nullptr);
+  absl::StatusOr<std::shared_ptr<const CompiledKernel>> GetForConfig(const KernelConfig& config,
+                                                                     std::string_view arch,
+                                                                     CacheSource* source = nullptr);
 
   // Compiled (as above) and loaded on `device`'s primary context, cached per (device, request).
   absl::StatusOr<LoadedKernel> Load(int device, const CompileRequest& request);
@@ -136,8 +137,8 @@ class KernelCache {
  private:
   struct Flight;
   struct Counters {
-    std::atomic<int64_t> memory_hits{0}, disk_hits{0}, compiles{0}, disk_writes{0},
-        disk_rejects{0}, module_loads{0}, compile_failures{0}, flight_waits{0};
+    std::atomic<int64_t> memory_hits{0}, disk_hits{0}, compiles{0}, disk_writes{0}, disk_rejects{0},
+        module_loads{0}, compile_failures{0}, flight_waits{0};
   };
 
   std::string RequestId(const CompileRequest& request) const;

@@ -20,13 +20,13 @@ namespace gemvz::internal {
 namespace {
 
 // One check macro for NVRTC: a failure becomes a Status naming the call, its place and the error.
-#define NVRTC_RETURN_IF_ERROR(call)                                                          \
-  do {                                                                                       \
-    const nvrtcResult _gemvz_nvrtc = (call);                                                 \
-    if (_gemvz_nvrtc != NVRTC_SUCCESS) {                                                     \
-      return absl::InternalError(absl::StrCat(#call, " failed at ", __FILE__, ":", __LINE__, \
-                                              ": ", nvrtcGetErrorString(_gemvz_nvrtc)));     \
-    }                                                                                        \
+#define NVRTC_RETURN_IF_ERROR(call)                                                                \
+  do {                                                                                             \
+    const nvrtcResult _gemvz_nvrtc = (call);                                                       \
+    if (_gemvz_nvrtc != NVRTC_SUCCESS) {                                                           \
+      return absl::InternalError(absl::StrCat(#call, " failed at ", __FILE__, ":", __LINE__, ": ", \
+                                              nvrtcGetErrorString(_gemvz_nvrtc)));                 \
+    }                                                                                              \
   } while (0)
 
 // Owns an nvrtcProgram so every return path destroys it.
@@ -129,8 +129,7 @@ std::string SourceSet::Names() const {
 absl::Status CheckArch(std::string_view arch) {
   const std::string a(arch);
   auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad target architecture '", a, "': ", why));
+    return absl::InvalidArgumentError(absl::StrCat("bad target architecture '", a, "': ", why));
   };
   if (a.size() < 5 || a.compare(0, 3, "sm_") != 0) {
     return bad("it must look like sm_90 or sm_90a");
@@ -186,8 +185,7 @@ const std::vector<std::string>& ToolkitIncludeOptions() {
     std::vector<std::string> candidates;
     for (const char* var : {"GEMVZ_CUDA_INCLUDE_DIR", "CUDA_HOME", "CUDA_PATH"}) {
       if (std::optional<std::string> v = GetEnv(var)) {
-        candidates.push_back(std::string(var) == "GEMVZ_CUDA_INCLUDE_DIR" ? *v
-                                                                         : *v + "/include");
+        candidates.push_back(std::string(var) == "GEMVZ_CUDA_INCLUDE_DIR" ? *v : *v + "/include");
       }
     }
 #ifdef GEMVZ_CUDA_INCLUDE_DIR
@@ -215,13 +213,13 @@ std::string GeneratedSource(std::string_view source_file) {
 
 PtxasStats ParsePtxasLog(std::string_view log, std::string_view lowered_name) {
   PtxasStats stats;
-  const std::string entry = absl::StrCat("Compiling entry function '", std::string(lowered_name), "'");
+  const std::string entry =
+      absl::StrCat("Compiling entry function '", std::string(lowered_name), "'");
   size_t begin = log.find(entry);
   if (begin == std::string_view::npos) return stats;
   size_t end = log.find("Compiling entry function '", begin + entry.size());
-  const std::string_view block = log.substr(begin, end == std::string_view::npos
-                                                       ? std::string_view::npos
-                                                       : end - begin);
+  const std::string_view block =
+      log.substr(begin, end == std::string_view::npos ? std::string_view::npos : end - begin);
   // "Function properties for <name>" is followed by the line with the spill counts.
   const std::string props = absl::StrCat("Function properties for ", std::string(lowered_name));
   const size_t p = block.find(props);
@@ -275,15 +273,15 @@ absl::StatusOr<CompiledKernel> CompileWithNvrtc(const CompileRequest& request,
   std::vector<const char*> option_ptrs;
   for (const std::string& o : all_options) option_ptrs.push_back(o.c_str());
 
-  const nvrtcResult result = nvrtcCompileProgram(prog.get(), static_cast<int>(option_ptrs.size()),
-                                                 option_ptrs.data());
+  const nvrtcResult result =
+      nvrtcCompileProgram(prog.get(), static_cast<int>(option_ptrs.size()), option_ptrs.data());
   std::string log = ProgramLog(prog.get());
   if (result != NVRTC_SUCCESS) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "NVRTC failed to compile ", request.kernel_name, " (", request.name_expression,
-        " from ", request.source_file, ") for ", request.arch, ": ", nvrtcGetErrorString(result),
-        "\noptions: ", absl::StrJoin(all_options, " "), "\nheaders: ", sources.Names(),
-        "\nlog:\n", log));
+    return absl::InvalidArgumentError(
+        absl::StrCat("NVRTC failed to compile ", request.kernel_name, " (", request.name_expression,
+                     " from ", request.source_file, ") for ", request.arch, ": ",
+                     nvrtcGetErrorString(result), "\noptions: ", absl::StrJoin(all_options, " "),
+                     "\nheaders: ", sources.Names(), "\nlog:\n", log));
   }
 
   CompiledKernel out;
@@ -291,11 +289,10 @@ absl::StatusOr<CompiledKernel> CompileWithNvrtc(const CompileRequest& request,
   out.name_expression = request.name_expression;
   out.kernel_name = request.kernel_name;
   const char* lowered = nullptr;
-  NVRTC_RETURN_IF_ERROR(
-      nvrtcGetLoweredName(prog.get(), request.name_expression.c_str(), &lowered));
+  NVRTC_RETURN_IF_ERROR(nvrtcGetLoweredName(prog.get(), request.name_expression.c_str(), &lowered));
   if (lowered == nullptr || *lowered == '\0') {
-    return absl::InternalError(absl::StrCat("NVRTC reported no lowered name for ",
-                                            request.name_expression));
+    return absl::InternalError(
+        absl::StrCat("NVRTC reported no lowered name for ", request.name_expression));
   }
   out.lowered_name = lowered;
 

@@ -1,6 +1,7 @@
 // Helpers for the JIT tests (see jit_test_util.h).
 #include "tests/support/jit_test_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
@@ -12,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 
 namespace gemvz::jit_test {
 namespace {
@@ -118,9 +118,7 @@ TempDir::TempDir() {
   path_ = buf.data();
 }
 
-TempDir::~TempDir() {
-  ::nftw(path_.c_str(), RemoveOne, 16, FTW_DEPTH | FTW_PHYS);
-}
+TempDir::~TempDir() { ::nftw(path_.c_str(), RemoveOne, 16, FTW_DEPTH | FTW_PHYS); }
 
 ScopedEnv::ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
   if (const char* old = std::getenv(name)) old_ = old;

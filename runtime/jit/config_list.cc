@@ -1,0 +1,44 @@
+// Configuration lists (see config_list.h).
+#include "runtime/jit/config_list.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace gemvz::internal {
+
+absl::StatusOr<std::vector<KernelConfig>> ParseConfigList(std::string_view text,
+                                                          std::string_view source_name) {
+  std::vector<KernelConfig> out;
+  int line_number = 0;
+  const std::string all(text);
+  for (absl::string_view line : absl::StrSplit(all, '\n')) {
+    ++line_number;
+    if (const size_t hash = line.find('#'); hash != absl::string_view::npos) {
+      line = line.substr(0, hash);
+    }
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    const std::string entry(line);
+    absl::StatusOr<KernelConfig> c = KernelConfig::Parse(entry);
+    if (!c.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(source_name), ":", line_number, ": ", c.status().message()));
+    }
+    out.push_back(*c);
+  }
+  return out;
+}
+
+std::vector<KernelConfig> DistinctKernels(const std::vector<KernelConfig>& configs) {
+  std::vector<KernelConfig> out;
+  absl::flat_hash_set<std::string> seen;
+  for (KernelConfig c : configs) {
+    c.splits = 1;
+    if (seen.insert(c.KernelName()).second) out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace gemvz::internal

@@ -1,0 +1,21 @@
+// Configuration lists for warm-up: a text file with one KernelConfig per line ("z12.nw8.ug2.nb2.
+// pipe3.s1"), '#' comments and blank lines allowed; errors name the file and the line.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gemvz/config.h"
+
+namespace gemvz::internal {
+
+// Parses `text`; `source_name` (a path, or "<stdin>") prefixes error messages as "name:line: ".
+absl::StatusOr<std::vector<KernelConfig>> ParseConfigList(std::string_view text,
+                                                          std::string_view source_name);
+
+// The distinct kernels of `configs` (splits ignored and set to 1), first occurrence first.
+std::vector<KernelConfig> DistinctKernels(const std::vector<KernelConfig>& configs);
+
+}  // namespace gemvz::internal

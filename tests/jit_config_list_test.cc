@@ -1,0 +1,60 @@
+// Warm-up configuration lists: comments and blank lines are skipped, every error names its line,
+// and kernels differing only in the split count are compiled once.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "runtime/jit/config_list.h"
+#include "tests/support/jit_test_util.h"
+
+namespace gemvz::internal {
+namespace {
+
+TEST(ConfigListTest, ParsesLinesCommentsAndBlanks) {
+  std::vector<KernelConfig> want;
+  std::string text = "# serving configurations\n\n";
+  for (int i = 0; i < 6; ++i) {
+    const KernelConfig c = jit_test::RandomValidConfig(jit_test::Rng());
+    want.push_back(c);
+    absl::StrAppend(&text, i % 2 ? "  " : "", c.ToString(), i % 3 == 0 ? "   # why\n" : "\n");
+  }
+  text += "   \n# the end";  // no final newline
+  absl::StatusOr<std::vector<KernelConfig>> got = ParseConfigList(text, "f.txt");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, want);
+}
+
+TEST(ConfigListTest, ErrorsNameFileAndLine) {
+  const int bad_line = 3 + static_cast<int>(jit_test::Rng()() % 5);
+  std::string text;
+  for (int line = 1; line < bad_line; ++line)
+    text += line % 2 ? "# c\n" : "z12.nw8.ug2.nb2.pipe3\n";
+  text += "z12.nw2.ug2.nb4.pipe3\nbf16.nw8.ug2.nb2.pipe3\n";
+  absl::StatusOr<std::vector<KernelConfig>> got = ParseConfigList(text, "serving.txt");
+  ASSERT_FALSE(got.ok());
+  const std::string msg(got.status().message());
+  EXPECT_NE(msg.find(absl::StrCat("serving.txt:", bad_line, ":")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("NW >= NB"), std::string::npos) << msg;
+
+  absl::StatusOr<std::vector<KernelConfig>> typo = ParseConfigList("\nz13.nw8\n", "t.txt");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(std::string(typo.status().message()).find("t.txt:2:"), std::string::npos);
+}
+
+TEST(ConfigListTest, DistinctKernelsIgnoreSplits) {
+  KernelConfig a;
+  KernelConfig a4 = a;
+  a4.splits = 4;
+  KernelConfig b = a;
+  b.ug = 1;
+  b.splits = 3;
+  const std::vector<KernelConfig> d = DistinctKernels({a4, b, a, b});
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].KernelName(), a.KernelName());
+  EXPECT_EQ(d[0].splits, 1);
+  EXPECT_EQ(d[1].KernelName(), b.KernelName());
+  EXPECT_EQ(d[1].splits, 1);
+}
+
+}  // namespace
+}  // namespace gemvz::internal

@@ -1,0 +1,77 @@
+// The default warm-up table: every kernel of gemvz::DefaultWarmupConfigs() compiles for sm_90
+// without spilling registers; PrecompileAll reports progress in order and a second warm-up, after
+// memory is dropped, is all disk hits with zero compiles.
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gemvz/dispatch.h"
+#include "gemvz/runtime.h"
+#include "gtest/gtest.h"
+#include "runtime/jit/kernel_cache.h"
+#include "tests/support/jit_test_util.h"
+
+namespace gemvz {
+namespace {
+
+using ::gemvz::jit_test::ScopedEnv;
+using ::gemvz::jit_test::TempDir;
+
+TEST(DefaultTableTest, CompilesForSm90WithoutSpillsAndWarmsTheCache) {
+  TempDir dir;
+  ScopedEnv off("GEMVZ_DISABLE_DISK_CACHE", std::nullopt);
+  ScopedEnv cache_dir("GEMVZ_CACHE_DIR", dir.path());
+  const std::vector<KernelConfig> configs = DefaultWarmupConfigs();
+  ASSERT_FALSE(configs.empty());
+
+  const JitCounters before = GetJitCounters();
+  std::vector<int> done_seen;
+  absl::StatusOr<std::vector<PrecompileResult>> results =
+      PrecompileAll(configs, "sm_90", 2, [&](int done, int total, const PrecompileResult&) {
+        EXPECT_EQ(total, static_cast<int>(configs.size()));
+        done_seen.push_back(done);
+      });
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), configs.size());
+  for (size_t i = 0; i < configs.size(); ++i) {
+    EXPECT_EQ(done_seen[i], static_cast<int>(i) + 1);
+    const PrecompileResult& r = (*results)[i];
+    EXPECT_EQ(r.config, configs[i]);
+    EXPECT_EQ(r.arch, "sm_90");
+    EXPECT_GT(r.registers, 0) << r.config.ToString();
+    EXPECT_EQ(r.spill_bytes, 0) << r.config.ToString() << " spills " << r.spill_bytes
+                                << " bytes with " << r.registers << " registers on sm_90";
+    EXPECT_LE(r.shared_bytes, 48 * 1024) << r.config.ToString();
+    std::printf("%-24s %7.1f ms %4d registers %4d spill bytes %6d smem\n",
+                r.config.KernelName().c_str(), r.millis, r.registers, r.spill_bytes,
+                r.shared_bytes);
+  }
+  std::set<std::string> kernels;
+  for (const KernelConfig& c : configs) kernels.insert(c.KernelName());
+  EXPECT_EQ(GetJitCounters().compiles - before.compiles, static_cast<int64_t>(kernels.size()));
+
+  // The second warm-up, as a new process sees it: memory dropped, everything from disk.
+  internal::KernelCache::Default().DropMemoryForTesting();
+  const JitCounters mid = GetJitCounters();
+  absl::StatusOr<std::vector<PrecompileResult>> again = PrecompileAll(configs, "sm_90", 2);
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (const PrecompileResult& r : *again) EXPECT_TRUE(r.from_disk) << r.config.ToString();
+  EXPECT_EQ(GetJitCounters().compiles, mid.compiles);
+  EXPECT_EQ(GetJitCounters().disk_hits - mid.disk_hits, static_cast<int64_t>(kernels.size()));
+}
+
+TEST(DefaultTableTest, PrecompileAllRefusesAnInvalidListBeforeCompilingAnything) {
+  TempDir dir;
+  ScopedEnv cache_dir("GEMVZ_CACHE_DIR", dir.path());
+  std::vector<KernelConfig> configs = {KernelConfig{}, KernelConfig{}};
+  configs[1].nw = 1;
+  configs[1].nb = 2;
+  const JitCounters before = GetJitCounters();
+  absl::StatusOr<std::vector<PrecompileResult>> r = PrecompileAll(configs, "sm_90", 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("NW >= NB"), std::string::npos);
+  EXPECT_EQ(GetJitCounters().compiles, before.compiles);
+}
+
+}  // namespace
+}  // namespace gemvz

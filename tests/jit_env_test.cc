@@ -1,0 +1,94 @@
+// Environment helpers: byte sizes with units, booleans, integers; malformed values warn and fall
+// back to the default.
+#include <string>
+
+#include "gtest/gtest.h"
+#include "runtime/common/env.h"
+#include "tests/support/jit_test_util.h"
+
+namespace gemvz::internal {
+namespace {
+
+using ::gemvz::jit_test::ScopedEnv;
+
+TEST(EnvTest, ByteSizes) {
+  const int64_t n = static_cast<int64_t>(jit_test::Rng()() % 1000000);
+  EXPECT_EQ(ParseByteSize(std::to_string(n)).value(), n);
+  EXPECT_EQ(ParseByteSize("512K").value(), 512 << 10);
+  EXPECT_EQ(ParseByteSize("64M").value(), int64_t{64} << 20);
+  EXPECT_EQ(ParseByteSize("64MiB").value(), int64_t{64} << 20);
+  EXPECT_EQ(ParseByteSize("64mb").value(), int64_t{64} << 20);
+  EXPECT_EQ(ParseByteSize(" 2G ").value(), int64_t{2} << 30);
+  EXPECT_EQ(ParseByteSize("3T").value(), int64_t{3} << 40);
+  EXPECT_EQ(ParseByteSize("10B").value(), 10);
+  for (const char* bad :
+       {"", "-1", "G", "12Q", "1.5G", "iB", "99999999999999999999", "9000000000T"}) {
+    absl::StatusOr<int64_t> r = ParseByteSize(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_NE(std::string(r.status().message()).find(std::string("'") + bad + "'"),
+                std::string::npos)
+          << r.status();
+    }
+  }
+}
+
+TEST(EnvTest, BooleansIntegersAndUnset) {
+  constexpr char kName[] = "GEMVZ_JIT_ENV_TEST_VALUE";
+  {
+    ScopedEnv v(kName, std::nullopt);
+    EXPECT_FALSE(GetEnv(kName).has_value());
+    EXPECT_TRUE(GetEnvBool(kName, true));
+    EXPECT_EQ(GetEnvInt64(kName, 7), 7);
+    EXPECT_EQ(GetEnvBytes(kName, 9), 9);
+  }
+  {
+    ScopedEnv v(kName, "");  // empty counts as unset
+    EXPECT_FALSE(GetEnv(kName).has_value());
+    EXPECT_FALSE(GetEnvBool(kName, false));
+  }
+  for (const char* yes : {"1", "true", "YES", "On"}) {
+    ScopedEnv v(kName, yes);
+    EXPECT_TRUE(GetEnvBool(kName, false)) << yes;
+  }
+  for (const char* no : {"0", "false", "No", "OFF"}) {
+    ScopedEnv v(kName, no);
+    EXPECT_FALSE(GetEnvBool(kName, true)) << no;
+  }
+  {
+    ScopedEnv v(kName, "maybe");
+    testing::internal::CaptureStderr();
+    EXPECT_TRUE(GetEnvBool(kName, true));
+    EXPECT_NE(testing::internal::GetCapturedStderr().find(kName), std::string::npos);
+  }
+  {
+    ScopedEnv v(kName, "-42");
+    EXPECT_EQ(GetEnvInt64(kName, 0), -42);
+  }
+  {
+    ScopedEnv v(kName, "4x");
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(GetEnvInt64(kName, 5), 5);
+    EXPECT_NE(testing::internal::GetCapturedStderr().find("4x"), std::string::npos);
+  }
+  {
+    ScopedEnv v(kName, "1G");
+    EXPECT_EQ(GetEnvBytes(kName, 0), int64_t{1} << 30);
+  }
+}
+
+TEST(EnvTest, HomeDirectory) {
+  {
+    ScopedEnv home("HOME", "/home/x");
+    EXPECT_EQ(HomeDirectory(), "/home/x");
+  }
+  {
+    ScopedEnv home("HOME", std::nullopt);
+    // The password database's answer: an absolute path, or nothing.
+    const std::string h = HomeDirectory();
+    EXPECT_TRUE(h.empty() || h[0] == '/') << h;
+  }
+}
+
+}  // namespace
+}  // namespace gemvz::internal

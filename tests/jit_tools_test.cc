@@ -1,0 +1,179 @@
+// The warm-up and cache CLI, run as separate processes the way a user runs them: warm-up fills
+// the cache and a second run is all hits; configuration files name their bad lines; cache
+// list/verify/prune/clear see and manage the entries; an unwritable cache fails loudly.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "runtime/common/file_util.h"
+#include "tests/support/jit_test_util.h"
+
+namespace gemvz {
+namespace {
+
+using ::gemvz::jit_test::CountOccurrences;
+using ::gemvz::jit_test::ListFiles;
+using ::gemvz::jit_test::TempDir;
+
+struct RunResult {
+  int code = -1;
+  std::string out, err;
+};
+
+class ToolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string(GEMVZ_TOOL_PATH).empty()) GTEST_SKIP() << "the gemvz CLI is not built";
+  }
+  // Runs the CLI with GEMVZ_CACHE_DIR=`cache` (and `env`), capturing both streams.
+  RunResult Run(const std::string& args, const std::string& cache, const std::string& env = "") {
+    RunResult r;
+    const std::string out = tmp_.Join("out.txt"), err = tmp_.Join("err.txt");
+    const std::string cmd =
+        absl::StrCat("env -u GEMVZ_DISABLE_DISK_CACHE -u GEMVZ_LOG GEMVZ_CACHE_DIR='", cache, "' ",
+                     env, " '", GEMVZ_TOOL_PATH, "' ", args, " >'", out, "' 2>'", err, "'");
+    const int status = std::system(cmd.c_str());
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = internal::ReadFile(out).value_or("");
+    r.err = internal::ReadFile(err).value_or("");
+    return r;
+  }
+  TempDir tmp_;
+};
+
+// Small real kernels: quick to compile.
+constexpr char kConfigs[] =
+    "# two kernels, one of them twice (another split count)\n"
+    "bf16.nw4.ug1.nb1.pipe0.s1\n"
+    "\n"
+    "z12.nw4.ug1.nb1.pipe0.s2   # the compressed one\n"
+    "z12.nw4.ug1.nb1.pipe0.s4\n";
+
+TEST_F(ToolTest, WarmupTwiceThenAllHits) {
+  TempDir cache;
+  ASSERT_TRUE(internal::AtomicWriteFile(tmp_.Join("configs.txt"), kConfigs).ok());
+  RunResult first =
+      Run(absl::StrCat("warmup --arch=sm_90 --j=2 --configs=", tmp_.Join("configs.txt"),
+                       " --json=", tmp_.Join("w.json")),
+          cache.path());
+  ASSERT_EQ(first.code, 0) << first.out << first.err;
+  EXPECT_NE(first.out.find("2 compiled, 0 hits"), std::string::npos) << first.out;
+  EXPECT_NE(first.out.find("bf16.nw4.ug1.nb1.pipe0"), std::string::npos);
+  EXPECT_NE(first.out.find("z12.nw4.ug1.nb1.pipe0"), std::string::npos);
+  EXPECT_NE(first.err.find("[1/2]"), std::string::npos) << "no progress: " << first.err;
+  EXPECT_NE(first.err.find("[2/2]"), std::string::npos) << first.err;
+  EXPECT_EQ(ListFiles(cache.Join("kernels")).size(), 2u);
+  auto json = internal::ReadFile(tmp_.Join("w.json"));
+  ASSERT_TRUE(json.ok());
+  EXPECT_NE(json->find("\"compiled\": 2"), std::string::npos) << *json;
+
+  RunResult second = Run(absl::StrCat("warmup --arch=sm_90 --configs=", tmp_.Join("configs.txt")),
+                         cache.path(), "GEMVZ_LOG=1");
+  ASSERT_EQ(second.code, 0) << second.out << second.err;
+  EXPECT_NE(second.out.find("0 compiled, 2 hits (all hits)"), std::string::npos) << second.out;
+  EXPECT_EQ(CountOccurrences(second.err, "jit: disk hit"), 2) << second.err;
+  EXPECT_EQ(CountOccurrences(second.err, "jit: compiled"), 0) << second.err;
+
+  // Positional configurations, same kernels: hits too.
+  RunResult third =
+      Run("warmup --arch=sm_90 bf16.nw4.ug1.nb1.pipe0 z12.nw4.ug1.nb1.pipe0.s8", cache.path());
+  ASSERT_EQ(third.code, 0) << third.err;
+  EXPECT_NE(third.out.find("(all hits)"), std::string::npos) << third.out;
+}
+
+TEST_F(ToolTest, BadConfigurationLineIsNamed) {
+  TempDir cache;
+  ASSERT_TRUE(internal::AtomicWriteFile(tmp_.Join("bad.txt"),
+                                        "# ok\nbf16.nw4.ug1.nb1.pipe0\nz12.nw4.ug1.nb1.pipe7\n")
+                  .ok());
+  RunResult r = Run(absl::StrCat("warmup --configs=", tmp_.Join("bad.txt")), cache.path());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("bad.txt:3:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("PIPE"), std::string::npos) << r.err;
+  EXPECT_TRUE(ListFiles(cache.Join("kernels")).empty()) << "nothing may compile before the check";
+  RunResult both =
+      Run(absl::StrCat("warmup --all_default --configs=", tmp_.Join("bad.txt")), cache.path());
+  EXPECT_EQ(both.code, 2);
+  RunResult arch = Run("warmup --arch=sm90 z12.nw4.ug1.nb1.pipe0", cache.path());
+  EXPECT_EQ(arch.code, 2);
+  EXPECT_NE(arch.err.find("sm90"), std::string::npos) << arch.err;
+}
+
+TEST_F(ToolTest, CacheListVerifyPruneClear) {
+  TempDir cache;
+  ASSERT_EQ(
+      Run("warmup --arch=sm_90 bf16.nw4.ug1.nb1.pipe0 z12.nw4.ug1.nb1.pipe0", cache.path()).code,
+      0);
+  RunResult list = Run("cache list", cache.path());
+  ASSERT_EQ(list.code, 0) << list.err;
+  EXPECT_NE(list.out.find("bf16.nw4.ug1.nb1.pipe0"), std::string::npos) << list.out;
+  EXPECT_NE(list.out.find("z12.nw4.ug1.nb1.pipe0"), std::string::npos) << list.out;
+  EXPECT_NE(list.out.find("2 entries"), std::string::npos) << list.out;
+  RunResult dir = Run("cache dir", cache.path());
+  EXPECT_EQ(dir.out, cache.path() + "\n");
+
+  RunResult ok = Run("cache verify", cache.path());
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("2 valid, 0 invalid"), std::string::npos) << ok.out;
+
+  const std::vector<std::string> files = ListFiles(cache.Join("kernels"));
+  ASSERT_EQ(files.size(), 2u);
+  jit_test::FlipByte(cache.Join("kernels/" + files[0]), 100, 0x20);
+  RunResult bad = Run("cache verify", cache.path());
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("BAD"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("checksum"), std::string::npos) << bad.out;
+  EXPECT_EQ(ListFiles(cache.Join("kernels")).size(), 2u) << "verify alone removes nothing";
+  RunResult fixed = Run("cache verify --cache_remove_bad", cache.path());
+  EXPECT_EQ(fixed.code, 1);
+  EXPECT_EQ(ListFiles(cache.Join("kernels")).size(), 1u);
+  EXPECT_EQ(Run("cache verify", cache.path()).code, 0);
+
+  RunResult prune = Run("cache prune --cache_max_bytes=1K", cache.path());
+  EXPECT_EQ(prune.code, 0) << prune.err;
+  EXPECT_NE(prune.out.find("removed 1"), std::string::npos) << prune.out;
+  EXPECT_TRUE(ListFiles(cache.Join("kernels")).empty());
+
+  ASSERT_EQ(Run("warmup --arch=sm_90 bf16.nw4.ug1.nb1.pipe0", cache.path()).code, 0);
+  ASSERT_TRUE(internal::AtomicWriteFile(cache.Join("tuning.json"), "{}").ok());
+  RunResult clear = Run("cache clear", cache.path());
+  EXPECT_EQ(clear.code, 0);
+  EXPECT_NE(clear.out.find("removed 1 entries"), std::string::npos) << clear.out;
+  EXPECT_TRUE(ListFiles(cache.Join("kernels")).empty());
+  EXPECT_EQ(ListFiles(cache.path()), std::vector<std::string>{"tuning.json"});
+
+  EXPECT_EQ(Run("cache", cache.path()).code, 2);
+  EXPECT_EQ(Run("cache shred", cache.path()).code, 2);
+  EXPECT_EQ(Run("cache prune --cache_max_bytes=lots", cache.path()).code, 2);
+}
+
+TEST_F(ToolTest, UnwritableCacheFailsWarmupWithOneWarning) {
+  ASSERT_TRUE(internal::AtomicWriteFile(tmp_.Join("plain"), "x").ok());
+  RunResult r = Run("warmup --arch=sm_90 --j=2 bf16.nw4.ug1.nb1.pipe0 z12.nw4.ug1.nb1.pipe0",
+                    tmp_.Join("plain/cache"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(CountOccurrences(r.err, "not writable"), 1) << r.err;
+  EXPECT_NE(r.out.find("could not be written"), std::string::npos) << r.out;
+}
+
+TEST_F(ToolTest, UsageTextsAreComplete) {
+  RunResult w = Run("warmup --help", tmp_.path());
+  EXPECT_EQ(w.code, 0);
+  for (const char* s : {"usage:", "--arch", "--configs", "--all_default", "--j", "--json",
+                        "examples:", "GEMVZ_CACHE_DIR"}) {
+    EXPECT_NE(w.out.find(s), std::string::npos) << s;
+  }
+  RunResult c = Run("cache --help", tmp_.path());
+  EXPECT_EQ(c.code, 0);
+  for (const char* s : {"usage:", "list", "verify", "prune", "clear", "--cache_max_bytes",
+                        "--cache_remove_bad", "--json", "examples:"}) {
+    EXPECT_NE(c.out.find(s), std::string::npos) << s;
+  }
+}
+
+}  // namespace
+}  // namespace gemvz

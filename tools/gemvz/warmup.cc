@@ -1,0 +1,220 @@
+// `gemvz warmup`: precompile kernels with NVRTC into the disk cache, in parallel and without a
+// GPU, so that a serving process starts with every kernel it needs already compiled.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gemvz/dispatch.h"
+#include "gemvz/runtime.h"
+#include "nlohmann/json.hpp"
+#include "runtime/common/file_util.h"
+#include "runtime/cuda/driver.h"
+#include "runtime/jit/config_list.h"
+#include "runtime/jit/kernel_cache.h"
+#include "tools/gemvz/command.h"
+#include "tools/gemvz/common_flags.h"
+
+ABSL_FLAG(std::string, configs, "",
+          "warmup: file of configurations, one per line (z12.nw8.ug2.nb2.pipe3.s1), '#' comments; "
+          "'-' reads stdin");
+ABSL_FLAG(bool, all_default, false,
+          "warmup: the library's default table (gemvz::DefaultWarmupConfigs())");
+
+namespace gemvz::cli {
+namespace {
+
+constexpr char kWarmupUsage[] =
+    "gemvz warmup: precompile kernels into the disk cache, so a serving process starts warm.\n"
+    "\n"
+    "usage: gemvz warmup [--arch=ARCH] [--configs=FILE | --all_default] [--j=N] [--json=FILE]\n"
+    "       gemvz warmup [--arch=ARCH] [--j=N] CONFIG [CONFIG ...]\n"
+    "\n"
+    "Compiles each configuration with NVRTC for one target architecture, several at a time, and\n"
+    "publishes every result into the kernel cache (see 'gemvz cache'). Needs no GPU and no\n"
+    "driver. A configuration already in the cache is a hit and costs no compile, so running the\n"
+    "same warm-up twice reports all hits the second time. The split count S of a configuration\n"
+    "is a run-time argument: z12.nw8.ug2.nb2.pipe3.s1 and .s4 are one kernel, compiled once.\n"
+    "\n"
+    "flags:\n"
+    "  --arch=ARCH      target architecture: sm_90, sm_90a, sm_80, ... (default: GPU 0's, and\n"
+    "                   sm_90 on a machine without a GPU)\n"
+    "  --configs=FILE   configurations, one per line, in the text form z12.nw8.ug2.nb2.pipe3.s1\n"
+    "                   (format.nwN.ugN.nbN.pipeN[.sN]); '#' starts a comment, blank lines are\n"
+    "                   skipped; an invalid line stops the run before anything is compiled and\n"
+    "                   is named as FILE:LINE. '-' reads standard input.\n"
+    "  --all_default    every distinct kernel of the built-in tuned table and of the heuristic\n"
+    "                   over the benchmark suite (gemvz::DefaultWarmupConfigs()); this is what\n"
+    "                   runs when no configuration is given at all\n"
+    "  --j=N            compiles in parallel (default 0: one per core)\n"
+    "  --json=FILE      also write the results as JSON: {arch, threads, seconds, compiled, hits,\n"
+    "                   results: [{config, from_disk, ms, registers, spill_bytes, shared_bytes}]}\n"
+    "\n"
+    "output: progress on stderr, one line per finished kernel; then on stdout one line per kernel\n"
+    "(kernel, arch, compiled or hit, milliseconds, registers, spill bytes, static shared bytes)\n"
+    "and a summary. Kernels that spill registers are flagged. Exit status: 0 when every kernel\n"
+    "is in the cache, 1 on a failed compile or an unwritable cache, 2 on bad usage.\n"
+    "\n"
+    "environment:\n"
+    "  GEMVZ_CACHE_DIR           cache directory (else $XDG_CACHE_HOME/gemvz, else "
+    "~/.cache/gemvz)\n"
+    "  GEMVZ_DISABLE_DISK_CACHE  1: compile only, persist nothing\n"
+    "  GEMVZ_CACHE_MAX_BYTES     size cap of the cache (default 1G; least recently used go first)\n"
+    "  GEMVZ_NVRTC_OPTIONS       extra NVRTC options (part of the cache key)\n"
+    "  GEMVZ_DUMP_DIR            write each compile's source, PTX and ptxas report there\n"
+    "  GEMVZ_LOG=1               log hits, misses, compile and load times\n"
+    "\n"
+    "examples:\n"
+    "  gemvz warmup --all_default --arch=sm_90 --j=2\n"
+    "  gemvz warmup --configs=serving_configs.txt\n"
+    "  gemvz warmup z12.nw8.ug2.nb2.pipe3 bf16.nw4.ug2.nb1.pipe3 --arch=sm_90a\n"
+    "  GEMVZ_CACHE_DIR=/srv/gemvz-cache gemvz warmup --all_default\n";
+
+absl::StatusOr<std::vector<KernelConfig>> GatherConfigs(const std::vector<std::string>& args) {
+  const std::string file = absl::GetFlag(FLAGS_configs);
+  const bool all_default = absl::GetFlag(FLAGS_all_default);
+  const int sources = (file.empty() ? 0 : 1) + (all_default ? 1 : 0) + (args.empty() ? 0 : 1);
+  if (sources > 1) {
+    return absl::InvalidArgumentError(
+        "give configurations one way only: --configs=FILE, --all_default, or on the command line");
+  }
+  std::vector<KernelConfig> configs;
+  if (!file.empty()) {
+    std::string text;
+    if (file == "-") {
+      text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    } else {
+      absl::StatusOr<std::string> read = internal::ReadFile(file);
+      if (!read.ok()) return read.status();
+      text = *std::move(read);
+    }
+    absl::StatusOr<std::vector<KernelConfig>> parsed =
+        internal::ParseConfigList(text, file == "-" ? "<stdin>" : file);
+    if (!parsed.ok()) return parsed.status();
+    configs = *std::move(parsed);
+    if (configs.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": no configurations in it"));
+    }
+  } else if (!args.empty()) {
+    for (size_t i = 0; i < args.size(); ++i) {
+      absl::StatusOr<KernelConfig> c = KernelConfig::Parse(args[i]);
+      if (!c.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("argument ", i + 1, ": ", c.status().message()));
+      }
+      configs.push_back(*c);
+    }
+  } else {
+    configs = DefaultWarmupConfigs();
+  }
+  return internal::DistinctKernels(configs);
+}
+
+int RunWarmup(const std::vector<std::string>& args) {
+  absl::StatusOr<std::vector<KernelConfig>> configs = GatherConfigs(args);
+  if (!configs.ok()) {
+    std::fprintf(stderr, "gemvz warmup: %s\n", std::string(configs.status().message()).c_str());
+    return 2;
+  }
+  std::string arch = absl::GetFlag(FLAGS_arch);
+  if (arch.empty()) {
+    arch = "sm_90";
+    if (internal::DeviceCount() > 0) {
+      absl::StatusOr<std::string> a = internal::DeviceArch(0);
+      if (a.ok()) arch = *a;
+    }
+  }
+  if (absl::Status st = internal::CheckArch(arch); !st.ok()) {
+    std::fprintf(stderr, "gemvz warmup: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  int threads = absl::GetFlag(FLAGS_j);
+  if (threads <= 0) threads = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  const std::string cache_dir = CacheDirectory();
+  std::fprintf(stderr, "gemvz warmup: %zu kernels for %s on %d threads into %s\n", configs->size(),
+               arch.c_str(), threads,
+               cache_dir.empty() ? "memory only (disk cache disabled)" : cache_dir.c_str());
+
+  const JitCounters before = GetJitCounters();
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<PrecompileResult>> results =
+      PrecompileAll(*configs, arch, threads, [](int done, int total, const PrecompileResult& r) {
+        std::fprintf(stderr, "[%*d/%d] %-24s %-8s %8.1f ms\n", total >= 10 ? 2 : 1, done, total,
+                     r.config.KernelName().c_str(), r.from_disk ? "hit" : "compiled", r.millis);
+      });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!results.ok()) {
+    std::fprintf(stderr, "gemvz warmup: %s\n", std::string(results.status().message()).c_str());
+    return 1;
+  }
+  const JitCounters after = GetJitCounters();
+
+  int compiled = 0, hits = 0, spilling = 0;
+  std::printf("%-24s %-7s %-8s %9s %5s %6s %6s\n", "kernel", "arch", "result", "ms", "regs",
+              "spill", "smem");
+  for (const PrecompileResult& r : *results) {
+    (r.from_disk ? hits : compiled)++;
+    if (r.spill_bytes > 0) ++spilling;
+    std::printf("%-24s %-7s %-8s %9.1f %5d %6d %6d%s\n", r.config.KernelName().c_str(),
+                r.arch.c_str(), r.from_disk ? "hit" : "compiled", r.millis, r.registers,
+                r.spill_bytes, r.shared_bytes, r.spill_bytes > 0 ? "  SPILLS" : "");
+  }
+  std::printf("%zu kernels for %s on %d threads in %.2f s: %d compiled, %d hits%s\n",
+              results->size(), arch.c_str(), threads, seconds, compiled, hits,
+              compiled == 0 ? " (all hits)" : "");
+  if (spilling > 0) {
+    std::printf("warning: %d kernel(s) spill registers to local memory (see the SPILLS lines)\n",
+                spilling);
+  }
+  const int64_t written = after.disk_writes - before.disk_writes;
+  const int64_t new_compiles = after.compiles - before.compiles;
+  int status = 0;
+  if (cache_dir.empty()) {
+    std::printf("note: the disk cache is disabled (GEMVZ_DISABLE_DISK_CACHE); nothing was kept\n");
+  } else if (written < new_compiles) {
+    std::printf("error: %lld of %lld compiled kernels could not be written to %s\n",
+                static_cast<long long>(new_compiles - written),
+                static_cast<long long>(new_compiles), cache_dir.c_str());
+    status = 1;
+  } else {
+    std::printf("cache: %s\n", cache_dir.c_str());
+  }
+
+  if (const std::string json_path = absl::GetFlag(FLAGS_json); !json_path.empty()) {
+    nlohmann::json j;
+    j["arch"] = arch;
+    j["threads"] = threads;
+    j["seconds"] = seconds;
+    j["compiled"] = compiled;
+    j["hits"] = hits;
+    j["cache_dir"] = cache_dir;
+    for (const PrecompileResult& r : *results) {
+      j["results"].push_back({{"config", r.config.KernelName()},
+                              {"from_disk", r.from_disk},
+                              {"ms", r.millis},
+                              {"registers", r.registers},
+                              {"spill_bytes", r.spill_bytes},
+                              {"shared_bytes", r.shared_bytes}});
+    }
+    if (absl::Status st = internal::AtomicWriteFile(json_path, j.dump(2) + "\n"); !st.ok()) {
+      std::fprintf(stderr, "gemvz warmup: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+  }
+  return status;
+}
+
+}  // namespace
+}  // namespace gemvz::cli
+
+GEMVZ_REGISTER_COMMAND(warmup, "warmup", "precompile kernels into the disk cache (no GPU needed)",
+                       gemvz::cli::kWarmupUsage, gemvz::cli::RunWarmup);
