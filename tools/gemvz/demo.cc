@@ -58,7 +58,8 @@ const std::string& DemoUsage() {
       "flags:\n"
       "  --quick             only the first two shapes, 4096x8192 and 6144x4096 (default false)\n"
       "  --shape=NxK         one shape instead of the suite (default: the suite)\n"
-      "  --arch=sm_XX        architecture to compile for (default: the GPU's, else sm_90)\n",
+      "  --arch=sm_XX        architecture to compile for (default: $GEMVZ_ARCH, else the GPU's,\n"
+      "                      else sm_90)\n",
       kMeasureFlagsUsage,
       "\n"
       "Exit status: 0 when everything that ran is right (also without a GPU), 1 when a check or\n"
@@ -312,17 +313,13 @@ int RunDemo(const std::vector<std::string>& args) {
 
   const std::string no_gpu = NoGpuReason();
   std::string arch = absl::GetFlag(FLAGS_arch);
+  if (arch.empty()) arch = DefaultArch(absl::GetFlag(FLAGS_device));
   int sm_count = DefaultDeviceLimits().sm_count;
   if (no_gpu.empty()) {
-    const int device = absl::GetFlag(FLAGS_device);
-    if (arch.empty()) {
-      absl::StatusOr<std::string> device_arch = internal::DeviceArch(device);
-      if (device_arch.ok()) arch = *device_arch;
-    }
-    absl::StatusOr<std::unique_ptr<GpuSession>> session = GpuSession::Open(device);
+    absl::StatusOr<std::unique_ptr<GpuSession>> session =
+        GpuSession::Open(absl::GetFlag(FLAGS_device));
     if (session.ok()) sm_count = (*session)->info().limits.sm_count;
   }
-  if (arch.empty()) arch = "sm_90";
 
   std::printf("gemvz demo: %zu layer shape%s, BF16 weights N(0, 1/K), seed %llu\n\n",
               shapes->size(), shapes->size() == 1 ? "" : "s", static_cast<unsigned long long>(seed));

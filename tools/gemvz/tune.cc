@@ -72,7 +72,8 @@ const std::string& TuneUsage() {
       "                      with gemvz::SaveTunedChoices: later processes use it with no\n"
       "                      rebuild (default false)\n"
       "  --json=FILE         write every measurement as JSON (schema gemvz.tune/1, docs/CLI.md)\n"
-      "  --arch=sm_XX        compile for this architecture (default: the GPU's, else sm_90)\n",
+      "  --arch=sm_XX        compile for this architecture (default: $GEMVZ_ARCH, else the\n"
+      "                      GPU's, else sm_90)\n",
       kMeasureFlagsUsage,
       "\n"
       "Without a GPU, tune validates and compiles (useful to check that a configuration builds),\n"
@@ -285,7 +286,7 @@ void PrintCase(const TuneCase& c, int top) {
   }
   for (const Candidate& cand : c.candidates) {
     if (!cand.invalid.empty()) {
-      std::printf("  invalid  %s: %s\n", cand.config.ToString().c_str(), cand.invalid.c_str());
+      std::printf("  skipped: %s\n", cand.invalid.c_str());  // names the config and rule
     } else if (!cand.compile_error.empty()) {
       std::printf("  compile FAILED  %s: %s\n", cand.config.ToString().c_str(),
                   cand.compile_error.c_str());
@@ -380,7 +381,7 @@ int RunTune(const std::vector<std::string>& args) {
   }
   const DeviceLimits limits = session ? session->info().limits : DefaultDeviceLimits();
   std::string arch = absl::GetFlag(FLAGS_arch);
-  if (arch.empty()) arch = session ? session->info().arch : "sm_90";
+  if (arch.empty()) arch = DefaultArch(absl::GetFlag(FLAGS_device));
   if (session && arch != session->info().arch) {
     std::fprintf(stderr,
                  "gemvz tune: note: compiling for --arch=%s, but the GPU runs %s kernels; the timed "
@@ -414,9 +415,7 @@ int RunTune(const std::vector<std::string>& args) {
           cand.invalid = std::string(st.message());
           if (single) {
             ++invalid_single;
-            std::fprintf(stderr, "gemvz tune: %s is invalid for %s: %s\n",
-                         config.ToString().c_str(), gshape.ToString().c_str(),
-                         cand.invalid.c_str());
+            std::fprintf(stderr, "gemvz tune: %s\n", cand.invalid.c_str());
           }
         }
         c.candidates.push_back(std::move(cand));
@@ -444,6 +443,7 @@ int RunTune(const std::vector<std::string>& args) {
       for (const Candidate& cand : c.candidates) {
         if (!cand.invalid.empty()) {
           ++invalid;
+          if (!single) std::printf("skipped: %s\n", cand.invalid.c_str());
         } else if (!cand.compile_error.empty()) {
           ++failed;
           std::printf("compile FAILED %s: %s\n", cand.config.ToString().c_str(),
@@ -462,7 +462,8 @@ int RunTune(const std::vector<std::string>& args) {
         }
       }
     }
-    std::printf("%d valid configuration(s) compiled for %s, %d failed to compile, %d invalid.\n",
+    std::printf("%d valid configuration(s) compiled or found in the cache for %s, %d failed to "
+                "compile, %d invalid.\n",
                 compiled, arch.c_str(), failed, invalid);
     std::fprintf(stderr,
                  "gemvz tune: checking and timing need a GPU, and none can be used here (%s); "

@@ -1,0 +1,579 @@
+// Tests of the CLI's CPU machinery (tools/gemvz/bench_support): argument parsing, random data,
+// the double-precision reference GEMV, the error bound and its checks, tables, JSON and plots.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+// The CLI's sources are not part of libgemvz, so the module under test is compiled in here.
+#include "tools/gemvz/bench_support.cc"  // NOLINT(build/include)
+
+namespace gemvz::cli {
+namespace {
+
+std::mt19937_64& Rng() {
+  static std::mt19937_64 rng{std::random_device{}()};
+  return rng;
+}
+
+std::string TempDir() {
+  std::string dir = ::testing::TempDir() + "bench_support_test_XXXXXX";
+  EXPECT_NE(mkdtemp(dir.data()), nullptr);
+  return dir;
+}
+
+// The plainest possible GEMV in double, to hold ReferenceGemv against.
+std::vector<double> NaiveGemv(const std::vector<uint16_t>& w, const std::vector<uint16_t>& x,
+                              int64_t m, int64_t n, int64_t k, std::vector<double>* abs_dot) {
+  std::vector<double> out(m * n);
+  abs_dot->assign(m * n, 0);
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t r = 0; r < n; ++r) {
+      double s = 0, a = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        const double p =
+            static_cast<double>(Bf16ToFloat(x[t * k + i])) * Bf16ToFloat(w[r * k + i]);
+        s += p;
+        a += std::fabs(p);
+      }
+      out[t * n + r] = s;
+      (*abs_dot)[t * n + r] = a;
+    }
+  }
+  return out;
+}
+
+// --- Parsing -------------------------------------------------------------------------------------
+
+TEST(ParseShape, AcceptsNxKAndNamesSuiteShapes) {
+  absl::StatusOr<MatrixShape> pooler = ParseShape("4096x8192");
+  ASSERT_TRUE(pooler.ok()) << pooler.status();
+  EXPECT_EQ(pooler->n, 4096);
+  EXPECT_EQ(pooler->k, 8192);
+  EXPECT_EQ(pooler->name, "pooler");
+  EXPECT_EQ(pooler->ToString(), "4096x8192");
+
+  absl::StatusOr<MatrixShape> upper = ParseShape("28672X4096");
+  ASSERT_TRUE(upper.ok()) << upper.status();
+  EXPECT_EQ(upper->name, "llama3-8b gate_up");
+
+  const int64_t n = 16 * (1 + Rng()() % 100), k = 64 * (1 + Rng()() % 100);
+  absl::StatusOr<MatrixShape> custom = ParseShape(absl::StrCat(n, "x", k));
+  ASSERT_TRUE(custom.ok()) << custom.status();
+  EXPECT_EQ(custom->n, n);
+  EXPECT_EQ(custom->k, k);
+  // Not in the suite unless it happens to be one of its shapes.
+  bool in_suite = false;
+  for (const MatrixShape& s : SuiteShapes()) in_suite = in_suite || (s.n == n && s.k == k);
+  EXPECT_EQ(custom->name.empty(), !in_suite);
+}
+
+TEST(ParseShape, RejectsMalformedShapesNamingThem) {
+  for (const std::string bad : {"", "4096", "4096x", "x8192", "0x64", "-16x64", "16x-64",
+                                "4096x8192x2", "abcxdef", "4096*8192", "1.5x64", "16x"}) {
+    absl::StatusOr<MatrixShape> s = ParseShape(bad);
+    ASSERT_FALSE(s.ok()) << "'" << bad << "' parsed as " << s->ToString();
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(absl::StrCat("'", bad, "'")), absl::string_view::npos)
+        << s.status();
+    EXPECT_NE(s.status().message().find("NxK"), absl::string_view::npos) << s.status();
+  }
+  absl::StatusOr<MatrixShape> huge = ParseShape("3000000000x64");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("too large"), absl::string_view::npos) << huge.status();
+  EXPECT_FALSE(ParseShape("1048576x1048576").ok());  // 2^40 weights
+}
+
+TEST(ParseMList, AcceptsListsInOrder) {
+  absl::StatusOr<std::vector<int64_t>> ms = ParseMList("1,8,16");
+  ASSERT_TRUE(ms.ok()) << ms.status();
+  EXPECT_EQ(*ms, (std::vector<int64_t>{1, 8, 16}));
+  ms = ParseMList(" 16, 3 ,1");
+  ASSERT_TRUE(ms.ok()) << ms.status();
+  EXPECT_EQ(*ms, (std::vector<int64_t>{16, 3, 1}));
+  const int64_t m = 1 + Rng()() % kMaxM;
+  ms = ParseMList(absl::StrCat(m));
+  ASSERT_TRUE(ms.ok()) << ms.status();
+  EXPECT_EQ(*ms, std::vector<int64_t>{m});
+}
+
+TEST(ParseMList, RejectsBadListsSayingWhy) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"", "comma-separated"},       {"1,,8", "not an integer"},
+      {"a", "not an integer"},       {"1.5", "not an integer"},
+      {"0", "outside 1.."},          {"-1", "outside 1.."},
+      {"4097", "outside 1.."},       {"8,1,8", "given twice"},
+  };
+  for (const auto& [text, why] : cases) {
+    absl::StatusOr<std::vector<int64_t>> ms = ParseMList(text);
+    ASSERT_FALSE(ms.ok()) << "'" << text << "' parsed";
+    EXPECT_NE(ms.status().message().find("--m"), absl::string_view::npos) << ms.status();
+    EXPECT_NE(ms.status().message().find(why), absl::string_view::npos)
+        << "'" << text << "': " << ms.status();
+  }
+}
+
+TEST(ShapesFromFlag, SuiteQuickAndOne) {
+  absl::StatusOr<std::vector<MatrixShape>> all = ShapesFromFlag("", false);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 7u);
+  const std::pair<int64_t, int64_t> expected[] = {{4096, 8192},  {6144, 4096},  {4096, 4096},
+                                                  {28672, 4096}, {4096, 14336}, {10240, 8192},
+                                                  {8192, 28672}};
+  for (size_t i = 0; i < 7; ++i) {
+    EXPECT_EQ((*all)[i].n, expected[i].first);
+    EXPECT_EQ((*all)[i].k, expected[i].second);
+    EXPECT_FALSE((*all)[i].name.empty());
+  }
+  absl::StatusOr<std::vector<MatrixShape>> quick = ShapesFromFlag("", true);
+  ASSERT_TRUE(quick.ok());
+  ASSERT_EQ(quick->size(), 2u);
+  EXPECT_EQ((*quick)[0].ToString(), "4096x8192");
+  EXPECT_EQ((*quick)[1].ToString(), "6144x4096");
+  absl::StatusOr<std::vector<MatrixShape>> one = ShapesFromFlag("32x128", true);
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one->size(), 1u);
+  EXPECT_EQ((*one)[0].ToString(), "32x128");
+  EXPECT_FALSE(ShapesFromFlag("32y128", false).ok());
+}
+
+// --- Random data ---------------------------------------------------------------------------------
+
+TEST(NormalBf16, DeterministicPerSeedWhateverTheThreads) {
+  const uint64_t seed = Rng()();
+  const int64_t count = 3 * 65536 + 12345;  // several chunks and a ragged end
+  const std::vector<uint16_t> one = NormalBf16(count, 0.5, seed, 1);
+  const std::vector<uint16_t> many = NormalBf16(count, 0.5, seed, 4);
+  EXPECT_EQ(one, many);
+  const std::vector<uint16_t> other = NormalBf16(count, 0.5, seed + 1, 4);
+  int64_t same = 0;
+  for (int64_t i = 0; i < count; ++i) same += one[i] == other[i];
+  EXPECT_LT(same, count / 50) << "a different seed should give different values";
+}
+
+TEST(NormalBf16, HasTheAskedMeanAndSpread) {
+  const double stddev = 1.0 / std::sqrt(4096.0 + Rng()() % 8192);
+  const int64_t count = 1 << 20;
+  const std::vector<uint16_t> v = NormalBf16(count, stddev, Rng()(), 2);
+  double sum = 0, sq = 0;
+  int64_t zeros = 0;
+  for (uint16_t b : v) {
+    const double f = Bf16ToFloat(b);
+    ASSERT_TRUE(std::isfinite(f));
+    sum += f;
+    sq += f * f;
+    zeros += (f == 0);
+  }
+  const double mean = sum / count, sd = std::sqrt(sq / count - mean * mean);
+  EXPECT_LT(std::fabs(mean), 5 * stddev / std::sqrt(static_cast<double>(count)));
+  EXPECT_NEAR(sd / stddev, 1.0, 0.01);
+  EXPECT_LT(zeros, 8);  // a normal draw is almost never exactly zero
+}
+
+// --- Reference GEMV and the error bound -----------------------------------------------------------
+
+TEST(ReferenceGemv, MatchesANaiveGemvExactly) {
+  const int64_t m = 1 + Rng()() % 5, n = 1 + Rng()() % 70, k = 1 + Rng()() % 300;
+  const std::vector<uint16_t> w = NormalBf16(n * k, 0.1, Rng()(), 1);
+  const std::vector<uint16_t> x = NormalBf16(m * k, 1.0, Rng()(), 1);
+  std::vector<double> naive_abs;
+  const std::vector<double> naive = NaiveGemv(w, x, m, n, k, &naive_abs);
+  for (int threads : {1, 3}) {
+    const GemvReference ref = ReferenceGemv(w.data(), x.data(), m, n, k, threads);
+    ASSERT_EQ(ref.m, m);
+    ASSERT_EQ(ref.n, n);
+    ASSERT_EQ(ref.k, k);
+    // Same products (exact), same order: bitwise the same sums.
+    EXPECT_EQ(ref.out, naive) << "threads " << threads;
+    EXPECT_EQ(ref.abs_dot, naive_abs) << "threads " << threads;
+  }
+}
+
+TEST(ReferenceGemv, KnownSmallProduct) {
+  // w = [[1, 2], [3, -4]], x = [[0.5, 0.25], [-1, 2]]: out = [[1, 0.5], [3, -11]].
+  const std::vector<uint16_t> w = {FloatToBf16(1), FloatToBf16(2), FloatToBf16(3), FloatToBf16(-4)};
+  const std::vector<uint16_t> x = {FloatToBf16(0.5f), FloatToBf16(0.25f), FloatToBf16(-1),
+                                   FloatToBf16(2)};
+  const GemvReference ref = ReferenceGemv(w.data(), x.data(), 2, 2, 2, 1);
+  EXPECT_EQ(ref.out, (std::vector<double>{1.0, 0.5, 3.0, -11.0}));
+  EXPECT_EQ(ref.abs_dot, (std::vector<double>{1.0, 2.5, 5.0, 11.0}));
+}
+
+TEST(GemvTolerance, IsOneBf16UnitPlusTheAccumulationBound) {
+  EXPECT_EQ(GemvTolerance(1.0, 0.0, 4096), 0x1.0p-7);
+  EXPECT_EQ(GemvTolerance(-3.0, 0.0, 64), 3 * 0x1.0p-7);
+  EXPECT_EQ(GemvTolerance(0.0, 2.0, 16 * 64), (64 + 64) * 0x1.0p-23 * 2.0);
+  EXPECT_EQ(GemvTolerance(0.0, 0.0, 8192), 0.0);
+  // For N(0, 1/K) weights and N(0, 1) x the absolute part stays a small fraction of a typical
+  // output (rms 1): about 0.4 % at K = 8192 and 2.4 % at K = 28672.
+  EXPECT_LT(GemvTolerance(0.0, 0.6366 * std::sqrt(8192.0), 8192), 0.005);
+  EXPECT_LT(GemvTolerance(0.0, 0.6366 * std::sqrt(28672.0), 28672), 0.025);
+}
+
+// An FP32 GEMV in a given summation order, rounded to BF16: what a correct kernel does.
+std::vector<uint16_t> Fp32Gemv(const std::vector<uint16_t>& w, const std::vector<uint16_t>& x,
+                               int64_t m, int64_t n, int64_t k, int64_t block, bool reverse) {
+  std::vector<uint16_t> out(m * n);
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t r = 0; r < n; ++r) {
+      float total = 0;
+      for (int64_t b0 = 0; b0 < k; b0 += block) {
+        const int64_t b = reverse ? (k - block - b0) : b0;
+        float partial = 0;
+        for (int64_t i = b; i < b + block; ++i) {
+          partial += Bf16ToFloat(x[t * k + i]) * Bf16ToFloat(w[r * k + i]);
+        }
+        total += partial;
+      }
+      out[t * n + r] = FloatToBf16(total);
+    }
+  }
+  return out;
+}
+
+class ErrorCheckTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    w_ = NormalBf16(n_ * k_, 1.0 / std::sqrt(static_cast<double>(k_)), Rng()(), 2);
+    x_ = NormalBf16(m_ * k_, 1.0, Rng()(), 2);
+    ref_ = ReferenceGemv(w_.data(), x_.data(), m_, n_, k_, 2);
+  }
+  const int64_t m_ = 4, n_ = 96, k_ = 4096;
+  std::vector<uint16_t> w_, x_;
+  GemvReference ref_;
+};
+
+TEST_F(ErrorCheckTest, CorrectKernelsPassInAnyOrder) {
+  for (const auto& [block, reverse] : {std::pair<int64_t, bool>{16, false}, {64, true},
+                                      {4096, false}, {512, true}}) {
+    const std::vector<uint16_t> out = Fp32Gemv(w_, x_, m_, n_, k_, block, reverse);
+    const ErrorCheck check = CheckAgainstReference(out.data(), m_, ref_);
+    EXPECT_TRUE(check.ok()) << "block " << block << ": " << check.ToString();
+    EXPECT_EQ(check.checked, m_ * n_);
+    EXPECT_LE(check.max_ratio, 1.0);
+    EXPECT_NE(check.ToString().find("ok"), std::string::npos);
+  }
+  // Two correct kernels agree with each other too.
+  const std::vector<uint16_t> a = Fp32Gemv(w_, x_, m_, n_, k_, 16, false);
+  const std::vector<uint16_t> b = Fp32Gemv(w_, x_, m_, n_, k_, 256, true);
+  EXPECT_TRUE(CheckPair(a.data(), b.data(), m_, ref_).ok());
+  // And the exact reference rounded once to BF16 is well inside.
+  std::vector<uint16_t> rounded(m_ * n_);
+  for (int64_t i = 0; i < m_ * n_; ++i) rounded[i] = FloatToBf16(static_cast<float>(ref_.out[i]));
+  const ErrorCheck exact = CheckAgainstReference(rounded.data(), m_, ref_);
+  EXPECT_TRUE(exact.ok()) << exact.ToString();
+  EXPECT_LE(exact.max_ratio, 0.51);
+}
+
+TEST_F(ErrorCheckTest, CatchesTheBugsAKernelCanHave) {
+  const std::vector<uint16_t> good = Fp32Gemv(w_, x_, m_, n_, k_, 64, false);
+
+  // A 64-wide K group left out of every row.
+  std::vector<uint16_t> w_hole = w_;
+  const int64_t group = Rng()() % (k_ / 64);
+  for (int64_t r = 0; r < n_; ++r) {
+    for (int64_t i = group * 64; i < group * 64 + 64; ++i) w_hole[r * k_ + i] = 0;
+  }
+  const std::vector<uint16_t> hole = Fp32Gemv(w_hole, x_, m_, n_, k_, 64, false);
+  EXPECT_FALSE(CheckAgainstReference(hole.data(), m_, ref_).ok()) << "dropped group " << group;
+  EXPECT_FALSE(CheckPair(hole.data(), good.data(), m_, ref_).ok());
+
+  // Two rows swapped.
+  std::vector<uint16_t> swapped = good;
+  const int64_t r1 = Rng()() % n_, r2 = (r1 + 1 + Rng()() % (n_ - 1)) % n_;
+  for (int64_t t = 0; t < m_; ++t) std::swap(swapped[t * n_ + r1], swapped[t * n_ + r2]);
+  ErrorCheck check = CheckAgainstReference(swapped.data(), m_, ref_);
+  EXPECT_FALSE(check.ok());
+  EXPECT_TRUE(check.worst_row == r1 || check.worst_row == r2) << check.ToString();
+
+  // One element off by a few BF16 units.
+  std::vector<uint16_t> nudged = good;
+  const int64_t t = Rng()() % m_;
+  int64_t r = 0;
+  for (int64_t i = 1; i < n_; ++i) {  // the largest output of token t, so 4 units are big
+    if (std::fabs(ref_.out[t * n_ + i]) > std::fabs(ref_.out[t * n_ + r])) r = i;
+  }
+  nudged[t * n_ + r] = static_cast<uint16_t>(nudged[t * n_ + r] + 4);
+  check = CheckAgainstReference(nudged.data(), m_, ref_);
+  EXPECT_FALSE(check.ok());
+  EXPECT_EQ(check.failures, 1);
+  EXPECT_EQ(check.worst_token, t);
+  EXPECT_EQ(check.worst_row, r);
+  EXPECT_NE(check.ToString().find(absl::StrFormat("token %d, row %d", t, r)), std::string::npos)
+      << check.ToString();
+
+  // An element never written: the poison (all ones, NaN) must fail.
+  std::vector<uint16_t> unwritten = good;
+  unwritten[Rng()() % (m_ * n_)] = 0xFFFF;
+  check = CheckAgainstReference(unwritten.data(), m_, ref_);
+  EXPECT_FALSE(check.ok());
+  EXPECT_EQ(check.failures, 1);
+  EXPECT_FALSE(CheckPair(good.data(), unwritten.data(), m_, ref_).ok());
+  EXPECT_FALSE(CheckPair(unwritten.data(), good.data(), m_, ref_).ok());
+
+  // Infinity too.
+  std::vector<uint16_t> inf = good;
+  inf[0] = 0x7F80;
+  EXPECT_FALSE(CheckAgainstReference(inf.data(), m_, ref_).ok());
+}
+
+TEST_F(ErrorCheckTest, ChecksOnlyTheTokensAskedAndNothingBeyondTheReference) {
+  std::vector<uint16_t> out = Fp32Gemv(w_, x_, m_, n_, k_, 64, false);
+  out[(m_ - 1) * n_] = 0xFFFF;  // the last token is wrong
+  EXPECT_TRUE(CheckAgainstReference(out.data(), m_ - 1, ref_).ok());
+  EXPECT_FALSE(CheckAgainstReference(out.data(), m_, ref_).ok());
+  const ErrorCheck beyond = CheckAgainstReference(out.data(), m_ + 1, ref_);
+  EXPECT_FALSE(beyond.ok());
+  EXPECT_EQ(beyond.checked, 0);
+  EXPECT_EQ(beyond.ToString(), "not checked");
+}
+
+TEST(ErrorCheck, ZeroOutputsMustBeExactlyZero) {
+  // An all-zero weight row: A = 0, so the tolerance is 0 and only an exact zero passes.
+  const int64_t k = 128;
+  std::vector<uint16_t> w(2 * k, 0);
+  for (int64_t i = 0; i < k; ++i) w[k + i] = FloatToBf16(1.0f);
+  const std::vector<uint16_t> x = NormalBf16(k, 1.0, Rng()(), 1);
+  const GemvReference ref = ReferenceGemv(w.data(), x.data(), 1, 2, k, 1);
+  std::vector<uint16_t> out = {0x8000 /* -0 */, FloatToBf16(static_cast<float>(ref.out[1]))};
+  EXPECT_TRUE(CheckAgainstReference(out.data(), 1, ref).ok());
+  out[0] = 0x0001;  // the smallest subnormal
+  EXPECT_FALSE(CheckAgainstReference(out.data(), 1, ref).ok());
+}
+
+// --- Results, tables and JSON ----------------------------------------------------------------------
+
+BenchCase FakeCase(const MatrixShape& shape, int64_t m, double z12_us, double plain_us,
+                   double cublas_us, double probe_us) {
+  BenchCase c;
+  c.shape = shape;
+  c.m = m;
+  c.config = "z12.nw8.ug2.nb1.pipe3.s1";
+  c.config_source = "tuned";
+  c.weight_format = "z12";
+  c.plain_config = "bf16.nw4.ug2.nb1.pipe3.s1";
+  c.copies_z12 = 11;
+  c.copies_bf16 = 8;
+  c.launches_z12 = 66;
+  c.launches_bf16 = 64;
+  const int64_t io = 2 * m * shape.k + 2 * m * shape.n;
+  c.z12 = {z12_us, shape.n * shape.k * 3 / 2 + io, 0.02, true};
+  c.plain = {plain_us, 2 * shape.n * shape.k + io, 0.03, true};
+  c.cublas = {cublas_us, 2 * shape.n * shape.k + io, 0.04, true};
+  c.probe = {probe_us, 2 * shape.n * shape.k, -1, false};
+  c.pair_check_ok = true;
+  return c;
+}
+
+TEST(BenchCase, DerivedNumbers) {
+  const MatrixShape pooler = SuiteShapes()[0];
+  const BenchCase c = FakeCase(pooler, 8, 12.0, 16.0, 18.0, 15.0);
+  EXPECT_DOUBLE_EQ(c.SpeedupVsCublas(), 18.0 / 12.0);
+  EXPECT_DOUBLE_EQ(c.SpeedupVsPlain(), 16.0 / 12.0);
+  EXPECT_DOUBLE_EQ(c.probe.TeraBytesPerSecond(), 2.0 * 4096 * 8192 / 15e-6 / 1e12);
+  EXPECT_DOUBLE_EQ(c.CeilingTbps(), c.probe.TeraBytesPerSecond());
+  EXPECT_DOUBLE_EQ(c.PercentOfCeiling(c.z12),
+                   100.0 * c.z12.TeraBytesPerSecond() / c.probe.TeraBytesPerSecond());
+  EXPECT_TRUE(c.ok());
+  BenchCase wrong = c;
+  wrong.pair_check_ok = false;
+  EXPECT_FALSE(wrong.ok());
+  wrong = c;
+  wrong.cublas.check_ok = false;
+  EXPECT_FALSE(wrong.ok());
+  const TimedPath untimed;
+  EXPECT_EQ(untimed.TeraBytesPerSecond(), 0.0);
+}
+
+TEST(GeoMeans, OfSpeedupsAndCeilingShares) {
+  const MatrixShape s = SuiteShapes()[2];
+  const std::vector<BenchCase> cases = {FakeCase(s, 1, 10, 20, 40, 10),   // 4x, 2x
+                                        FakeCase(s, 8, 10, 5, 2.5, 10)};  // 0.25x, 0.5x
+  const GeoMeans g = ComputeGeoMeans(cases);
+  EXPECT_EQ(g.count, 2);
+  EXPECT_NEAR(g.speedup_vs_cublas, 1.0, 1e-12);
+  EXPECT_NEAR(g.speedup_vs_plain, 1.0, 1e-12);
+  EXPECT_NEAR(g.pct_ceiling_z12,
+              std::sqrt(cases[0].PercentOfCeiling(cases[0].z12) *
+                        cases[1].PercentOfCeiling(cases[1].z12)),
+              1e-9);
+  EXPECT_EQ(ComputeGeoMeans({}).count, 0);
+}
+
+TEST(FormatBenchTable, HasEveryCaseAndTheMeans) {
+  const std::vector<BenchCase> cases = {FakeCase(SuiteShapes()[0], 1, 10, 13, 14, 12),
+                                        FakeCase(SuiteShapes()[3], 16, 30, 40, 41, 38)};
+  const std::string table = FormatBenchTable(cases);
+  EXPECT_NE(table.find("pooler 4096x8192"), std::string::npos) << table;
+  EXPECT_NE(table.find("llama3-8b gate_up 28672x4096"), std::string::npos) << table;
+  EXPECT_NE(table.find("z12.nw8.ug2.nb1.pipe3.s1 (tuned)"), std::string::npos) << table;
+  EXPECT_NE(table.find("1.400x"), std::string::npos) << table;  // 14 / 10
+  EXPECT_NE(table.find("geometric mean over 2 cases"), std::string::npos) << table;
+  BenchCase wrong = cases[0];
+  wrong.z12.check_ok = false;
+  EXPECT_NE(FormatBenchTable({wrong}).find("WRONG"), std::string::npos);
+}
+
+TEST(BenchReportToJson, FollowsTheDocumentedSchema) {
+  BenchReport report;
+  report.env.gpu_name = "NVIDIA H200";
+  report.env.arch = "sm_90";
+  report.env.sm_count = 132;
+  report.env.memory_bytes = int64_t{150} << 30;
+  report.env.driver_version = "580.82.07";
+  report.env.cuda_driver_api = "13.0";
+  report.env.cublas_library = "libcublas.so.13";
+  report.env.cublas_version = 130100;
+  report.env.date = UtcTimestamp();
+  report.env.replays = 20;
+  report.env.rotate_bytes = int64_t{512} << 20;
+  report.env.seed = Rng()();
+  report.cases = {FakeCase(SuiteShapes()[0], 1, 10, 13, 14, 12),
+                  FakeCase(SuiteShapes()[6], 16, 100, 130, 135, 120)};
+  report.cases[1].weight_format = "bf16";
+  report.cases[1].fallback_reason = "a reason";
+
+  const nlohmann::json doc = BenchReportToJson(report);
+  EXPECT_EQ(doc["schema"], "gemvz.bench/1");
+  EXPECT_EQ(doc["date"], report.env.date);
+  EXPECT_TRUE(doc["commit"].is_null());
+  EXPECT_EQ(doc["gpu"]["name"], "NVIDIA H200");
+  EXPECT_EQ(doc["gpu"]["arch"], "sm_90");
+  EXPECT_EQ(doc["gpu"]["sm_count"], 132);
+  EXPECT_EQ(doc["gpu"]["memory_bytes"], int64_t{150} << 30);
+  EXPECT_EQ(doc["gpu"]["driver_version"], "580.82.07");
+  EXPECT_EQ(doc["gpu"]["cuda_driver_api"], "13.0");
+  EXPECT_EQ(doc["cublas"]["library"], "libcublas.so.13");
+  EXPECT_EQ(doc["cublas"]["version"], 130100);
+  EXPECT_EQ(doc["settings"]["replays"], 20);
+  EXPECT_EQ(doc["settings"]["rotate_bytes"], int64_t{512} << 20);
+  EXPECT_EQ(doc["settings"]["seed"].get<uint64_t>(), report.env.seed);
+  ASSERT_EQ(doc["cases"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const BenchCase& c = report.cases[i];
+    const nlohmann::json& j = doc["cases"][i];
+    EXPECT_EQ(j["shape"]["name"], c.shape.name);
+    EXPECT_EQ(j["shape"]["n"], c.shape.n);
+    EXPECT_EQ(j["shape"]["k"], c.shape.k);
+    EXPECT_EQ(j["m"], c.m);
+    EXPECT_EQ(j["dispatch"]["config"], c.config);
+    EXPECT_EQ(j["dispatch"]["source"], "tuned");
+    EXPECT_EQ(j["dispatch"]["weight_format"], c.weight_format);
+    EXPECT_EQ(j["dispatch"]["fallback_reason"], c.fallback_reason);
+    EXPECT_EQ(j["dispatch"]["plain_config"], c.plain_config);
+    EXPECT_EQ(j["rotation"]["copies_z12"], 11);
+    EXPECT_EQ(j["rotation"]["copies_bf16"], 8);
+    EXPECT_EQ(j["rotation"]["launches_z12"], 66);
+    EXPECT_EQ(j["rotation"]["launches_bf16"], 64);
+    for (const char* path : {"z12", "plain", "cublas", "probe"}) {
+      const nlohmann::json& p = j["paths"][path];
+      ASSERT_TRUE(p.is_object()) << path;
+      for (const char* field : {"time_us", "bytes", "tbps", "pct_of_ceiling"}) {
+        EXPECT_TRUE(p[field].is_number()) << path << "." << field;
+      }
+      EXPECT_EQ(p.contains("check_ok"), std::string(path) != "probe") << path;
+      EXPECT_EQ(p.contains("max_err_ratio"), std::string(path) != "probe") << path;
+    }
+    EXPECT_DOUBLE_EQ(j["paths"]["z12"]["time_us"].get<double>(), c.z12.time_us);
+    EXPECT_EQ(j["paths"]["z12"]["bytes"], c.z12.bytes);
+    EXPECT_DOUBLE_EQ(j["paths"]["z12"]["tbps"].get<double>(), c.z12.TeraBytesPerSecond());
+    EXPECT_DOUBLE_EQ(j["paths"]["cublas"]["pct_of_ceiling"].get<double>(),
+                     c.PercentOfCeiling(c.cublas));
+    EXPECT_DOUBLE_EQ(j["paths"]["probe"]["pct_of_ceiling"].get<double>(), 100.0);
+    EXPECT_DOUBLE_EQ(j["ceiling_tbps"].get<double>(), c.CeilingTbps());
+    EXPECT_DOUBLE_EQ(j["speedup_vs_cublas"].get<double>(), c.SpeedupVsCublas());
+    EXPECT_DOUBLE_EQ(j["speedup_vs_plain"].get<double>(), c.SpeedupVsPlain());
+    EXPECT_EQ(j["pair_check_ok"], true);
+    EXPECT_EQ(j["ok"], true);
+  }
+  EXPECT_EQ(doc["geomean"]["count"], 2);
+  EXPECT_DOUBLE_EQ(doc["geomean"]["speedup_vs_cublas"].get<double>(),
+                   ComputeGeoMeans(report.cases).speedup_vs_cublas);
+  for (const char* field : {"speedup_vs_plain", "pct_ceiling_z12", "pct_ceiling_plain",
+                            "pct_ceiling_cublas"}) {
+    EXPECT_TRUE(doc["geomean"][field].is_number()) << field;
+  }
+  EXPECT_EQ(doc["ok"], true);
+
+  report.env.commit = "abc123";
+  report.cases[0].plain.check_ok = false;
+  const nlohmann::json bad = BenchReportToJson(report);
+  EXPECT_EQ(bad["commit"], "abc123");
+  EXPECT_EQ(bad["cases"][0]["paths"]["plain"]["check_ok"], false);
+  EXPECT_EQ(bad["cases"][0]["ok"], false);
+  EXPECT_EQ(bad["ok"], false);
+}
+
+TEST(WriteJsonFile, WritesParsableJsonAndNamesUnwritablePaths) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/out.json";
+  const nlohmann::json doc = {{"schema", kBenchSchema}, {"value", static_cast<int>(Rng()() % 1000)}};
+  ASSERT_TRUE(WriteJsonFile(path, doc).ok());
+  std::ifstream in(path);
+  const nlohmann::json back = nlohmann::json::parse(in);
+  EXPECT_EQ(back, doc);
+  const absl::Status st = WriteJsonFile(dir + "/no/such/dir/out.json", doc);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("no/such/dir/out.json"), absl::string_view::npos) << st;
+}
+
+// --- Environment helpers ---------------------------------------------------------------------------
+
+TEST(Environment, TimestampCommitAndPath) {
+  EXPECT_TRUE(std::regex_match(UtcTimestamp(),
+                               std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")))
+      << UtcTimestamp();
+  setenv("GEMVZ_COMMIT", "from-env", 1);
+  EXPECT_EQ(CommitFrom(""), "from-env");
+  EXPECT_EQ(CommitFrom("from-flag"), "from-flag");
+  unsetenv("GEMVZ_COMMIT");
+  EXPECT_EQ(CommitFrom(""), "");
+  EXPECT_FALSE(FindOnPath("sh").empty());
+  EXPECT_EQ(FindOnPath("gemvz-no-such-program-" + std::to_string(Rng()())), "");
+  const std::string version = NvidiaDriverVersion();  // "" without a driver
+  if (!version.empty()) EXPECT_TRUE(std::isdigit(version[0])) << version;
+}
+
+TEST(PlotSpeedups, SaysClearlyWhenGnuplotIsMissing) {
+  const std::string dir = TempDir();
+  const char* old_path = std::getenv("PATH");
+  const std::string saved = old_path == nullptr ? "" : old_path;
+  setenv("PATH", dir.c_str(), 1);  // an empty directory: no gnuplot
+  const absl::Status st =
+      PlotSpeedups({FakeCase(SuiteShapes()[0], 1, 10, 13, 14, 12)}, "t", dir + "/p.png");
+  setenv("PATH", saved.c_str(), 1);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("gnuplot"), absl::string_view::npos) << st;
+  EXPECT_NE(st.message().find("p.png"), absl::string_view::npos) << st;
+  struct stat info;
+  EXPECT_NE(stat((dir + "/p.png").c_str(), &info), 0);
+  EXPECT_EQ(PlotSpeedups({}, "t", dir + "/q.png").code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PlotSpeedups, DrawsAPngWhenGnuplotIsInstalled) {
+  if (FindOnPath("gnuplot").empty()) GTEST_SKIP() << "gnuplot is not installed";
+  const std::string dir = TempDir();
+  const std::string png = dir + "/speedups.png";
+  std::vector<BenchCase> cases;
+  for (const MatrixShape& s : SuiteShapes()) {
+    for (int64_t m : {1, 8, 16}) cases.push_back(FakeCase(s, m, 10, 13, 14, 12));
+  }
+  const absl::Status st = PlotSpeedups(cases, "it's a test", png);
+  ASSERT_TRUE(st.ok()) << st;
+  std::ifstream in(png, std::ios::binary);
+  char magic[8] = {0};
+  in.read(magic, 8);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+}  // namespace
+}  // namespace gemvz::cli

@@ -1,0 +1,348 @@
+// Runs the built `gemvz` CLI as a subprocess: help texts, usage errors with clear messages and
+// non-zero exits, demo's no-GPU path, bench refusing cleanly without a GPU, and tune's checks.
+// With a GPU the same tests take the GPU paths (small shapes) and check their outputs.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/cuda/driver.h"
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0;
+}
+
+bool HasGpu() { return gemvz::internal::DeviceCount() > 0; }
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string(GEMVZ_TOOL_PATH).empty()) GTEST_SKIP() << "the gemvz CLI is not built";
+    dir_ = ::testing::TempDir() + "cli_test_XXXXXX";
+    ASSERT_NE(mkdtemp(dir_.data()), nullptr);
+    // A private kernel cache and tuning file: tests neither read nor change the user's.
+    env_["GEMVZ_CACHE_DIR"] = dir_ + "/cache";
+    env_["GEMVZ_TUNING_FILE"] = dir_ + "/tuning.json";
+  }
+
+  Result Run(const std::vector<std::string>& args) {
+    std::string cmd = absl::StrCat("cd ", Quote(dir_), " && env");
+    for (const auto& [k, v] : env_) absl::StrAppend(&cmd, " ", k, "=", Quote(v));
+    absl::StrAppend(&cmd, " ", Quote(GEMVZ_TOOL_PATH));
+    for (const std::string& a : args) absl::StrAppend(&cmd, " ", Quote(a));
+    absl::StrAppend(&cmd, " > ", Quote(dir_ + "/stdout"), " 2> ", Quote(dir_ + "/stderr"));
+    Result r;
+    const int status = std::system(cmd.c_str());
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = ReadAll(dir_ + "/stdout");
+    r.err = ReadAll(dir_ + "/stderr");
+    return r;
+  }
+
+  // The command names `gemvz help` lists.
+  std::vector<std::string> ListedCommands() {
+    const Result help = Run({"help"});
+    std::vector<std::string> names;
+    bool in_list = false;
+    for (absl::string_view line : absl::StrSplit(help.out, '\n')) {
+      if (line == "commands:") {
+        in_list = true;
+        continue;
+      }
+      if (in_list && line.empty()) break;
+      if (in_list) {
+        std::vector<std::string> words =
+            absl::StrSplit(absl::StripAsciiWhitespace(line), ' ', absl::SkipEmpty());
+        if (!words.empty()) names.push_back(words[0]);
+      }
+    }
+    return names;
+  }
+
+  std::string dir_;
+  std::map<std::string, std::string> env_;
+};
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE((haystack).find(needle), std::string::npos) << "no '" << (needle) << "' in:\n" << (haystack)
+
+const char* const kMeasureFlags[] = {"--replays", "--launches", "--rotate_mb", "--seed",
+                                     "--device", "--j"};
+
+TEST_F(CliTest, HelpListsTheCommands) {
+  const Result help = Run({"help"});
+  EXPECT_EQ(help.rc, 0) << help.err;
+  const std::vector<std::string> names = ListedCommands();
+  for (const char* mine : {"demo", "bench", "tune"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), mine), names.end()) << help.out;
+  }
+  const Result bare = Run({});
+  EXPECT_NE(bare.rc, 0);
+  EXPECT_CONTAINS(bare.err, "commands:");
+  const Result unknown = Run({"frobnicate"});
+  EXPECT_EQ(unknown.rc, 2);
+  EXPECT_CONTAINS(unknown.err, "unknown command 'frobnicate'");
+}
+
+TEST_F(CliTest, EveryCommandHasAUsageText) {
+  const std::vector<std::string> names = ListedCommands();
+  ASSERT_GE(names.size(), 3u);
+  for (const std::string& name : names) {
+    const Result help = Run({name, "--help"});
+    EXPECT_EQ(help.rc, 0) << name << ": " << help.err;
+    EXPECT_CONTAINS(help.out, "usage: gemvz " + name);
+    EXPECT_CONTAINS(help.out, "examples:");
+    const Result via_help = Run({"help", name});
+    EXPECT_EQ(via_help.rc, 0);
+    EXPECT_EQ(via_help.out, help.out) << name;
+    const Result short_flag = Run({name, "-h"});
+    EXPECT_EQ(short_flag.out, help.out) << name;
+  }
+}
+
+TEST_F(CliTest, UsageTextsNameEveryFlagWithItsDefault) {
+  const std::map<std::string, std::vector<std::string>> flags = {
+      {"demo", {"--quick", "--shape", "--arch"}},
+      {"bench", {"--shape", "--m", "--json", "--plot", "--commit"}},
+      {"tune",
+       {"--shape", "--m", "--config", "--sweep", "--sweep_format", "--space", "--top", "--save",
+        "--json", "--arch"}},
+  };
+  for (const auto& [name, own] : flags) {
+    const std::string usage = Run({name, "--help"}).out;
+    for (const std::string& flag : own) EXPECT_CONTAINS(usage, "  " + flag);
+    for (const char* flag : kMeasureFlags) EXPECT_CONTAINS(usage, std::string("  ") + flag);
+    EXPECT_CONTAINS(usage, "default");
+    EXPECT_CONTAINS(usage, "Exit status");
+  }
+}
+
+TEST_F(CliTest, UnknownFlagsAndBadValuesFail) {
+  for (const char* name : {"demo", "bench", "tune"}) {
+    const Result r = Run({name, "--no_such_flag=1"});
+    EXPECT_NE(r.rc, 0) << name;
+    EXPECT_CONTAINS(r.err, "no_such_flag");
+    const Result typed = Run({name, "--replays=many"});
+    EXPECT_NE(typed.rc, 0) << name;
+    EXPECT_CONTAINS(typed.err, "replays");
+    const Result zero = Run({name, "--replays=0", "--config=z12.nw8.ug2.nb1.pipe3.s1"});
+    EXPECT_EQ(zero.rc, 2) << name << ": " << zero.err;
+    EXPECT_CONTAINS(zero.err, "bad --replays=0");
+    const Result rotate = Run({name, "--rotate_mb=0", "--config=z12.nw8.ug2.nb1.pipe3.s1"});
+    EXPECT_EQ(rotate.rc, 2) << name;
+    EXPECT_CONTAINS(rotate.err, "bad --rotate_mb=0");
+    const Result extra = Run({name, "stray"});
+    EXPECT_EQ(extra.rc, 2) << name;
+    EXPECT_CONTAINS(extra.err, "unexpected argument 'stray'");
+  }
+}
+
+TEST_F(CliTest, BadShapesAndRowCountsFailSayingWhy) {
+  for (const char* name : {"demo", "bench", "tune"}) {
+    for (const std::string shape : {"4096", "0x64", "axb", "4096x8192x2"}) {
+      const Result r = Run({name, "--shape=" + shape, "--config=z12.nw8.ug2.nb1.pipe3.s1"});
+      EXPECT_EQ(r.rc, 2) << name << " --shape=" << shape << ": " << r.err;
+      EXPECT_CONTAINS(r.err, "bad shape '" + shape + "'");
+      EXPECT_CONTAINS(r.err, "NxK");
+    }
+  }
+  for (const char* name : {"bench", "tune"}) {
+    for (const std::string m : {"0", "1,,8", "8,8", "x"}) {
+      const Result r = Run({name, "--m=" + m, "--config=z12.nw8.ug2.nb1.pipe3.s1"});
+      EXPECT_EQ(r.rc, 2) << name << " --m=" << m << ": " << r.err;
+      EXPECT_CONTAINS(r.err, "bad --m '" + m + "'");
+    }
+  }
+  // The demo packs, so its shape must be packable.
+  const Result odd = Run({"demo", "--shape=100x64"});
+  EXPECT_EQ(odd.rc, 2) << odd.err;
+  EXPECT_CONTAINS(odd.err, "100x64");
+}
+
+TEST_F(CliTest, TuneExplainsWhatItNeeds) {
+  const Result neither = Run({"tune", "--shape=4096x8192", "--m=8"});
+  EXPECT_EQ(neither.rc, 2);
+  EXPECT_CONTAINS(neither.err, "give --config");
+  const Result both = Run({"tune", "--shape=4096x8192", "--config=z12.nw8.ug2.nb1.pipe3.s1",
+                           "--sweep"});
+  EXPECT_EQ(both.rc, 2);
+  EXPECT_CONTAINS(both.err, "exclude");
+  const Result unparsable = Run({"tune", "--shape=4096x8192", "--m=8", "--config=z12.nw8"});
+  EXPECT_EQ(unparsable.rc, 2);
+  EXPECT_CONTAINS(unparsable.err, "--config");
+  EXPECT_CONTAINS(unparsable.err, "z12.nw8");
+  const Result bad_rule = Run({"tune", "--shape=4096x8192", "--m=8", "--config=z12.nw8.ug2.nb4.pipe3.s1x"});
+  EXPECT_EQ(bad_rule.rc, 2);
+  const Result format = Run({"tune", "--shape=4096x8192", "--sweep", "--sweep_format=fp8"});
+  EXPECT_EQ(format.rc, 2);
+  EXPECT_CONTAINS(format.err, "bad --sweep_format 'fp8'");
+  const Result no_file = Run({"tune", "--shape=4096x8192", "--space=" + dir_ + "/missing.txt"});
+  EXPECT_EQ(no_file.rc, 2);
+  EXPECT_CONTAINS(no_file.err, "missing.txt");
+}
+
+TEST_F(CliTest, TuneReportsTheRuleAnInvalidConfigurationBreaks) {
+  // K = 8192 is not divisible by 64 * S * NW * UG = 64 * 16 * 8 * 2.
+  const Result r = Run({"tune", "--shape=4096x8192", "--m=8",
+                        "--config=z12.nw8.ug2.nb1.pipe3.s16"});
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_CONTAINS(r.err, "z12.nw8.ug2.nb1.pipe3.s16");
+  EXPECT_CONTAINS(r.err, "m8.n4096.k8192");
+  EXPECT_CONTAINS(r.err, "64*S*NW*UG");
+  // m = 16 does not fit one launch of NB = 1.
+  const Result m = Run({"tune", "--shape=4096x8192", "--m=16",
+                        "--config=z12.nw8.ug2.nb1.pipe3.s1"});
+  EXPECT_EQ(m.rc, 2) << m.err;
+  EXPECT_CONTAINS(m.err, "8*NB");
+}
+
+TEST_F(CliTest, TuneOneConfiguration) {
+  const Result r = Run({"tune", "--shape=4096x8192", "--m=8",
+                        "--config=z12.nw8.ug2.nb1.pipe3.s1", "--save", "--replays=5",
+                        "--launches=16", "--rotate_mb=256"});
+  if (!HasGpu()) {
+    // Validated and compiled, then a plain refusal; nothing saved.
+    EXPECT_EQ(r.rc, 1) << r.out << r.err;
+    EXPECT_CONTAINS(r.out, "z12.nw8.ug2.nb1.pipe3.s1 for 4096x8192 m=8: valid; compiled");
+    EXPECT_CONTAINS(r.err, "checking and timing need a GPU");
+    EXPECT_CONTAINS(r.err, "nothing was saved");
+    EXPECT_FALSE(Exists(dir_ + "/tuning.json"));
+    return;
+  }
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_CONTAINS(r.out, "dispatcher's choice");
+  EXPECT_CONTAINS(r.out, "winner: ");
+  EXPECT_CONTAINS(r.out, "saved 1 winner(s)");
+  ASSERT_TRUE(Exists(dir_ + "/tuning.json"));
+  EXPECT_CONTAINS(ReadAll(dir_ + "/tuning.json"), "4096");
+}
+
+TEST_F(CliTest, TuneSpaceFileSkipsBadLinesAndInvalidConfigurations) {
+  {
+    std::ofstream space(dir_ + "/space.txt");
+    space << "# configurations to try\n"
+          << "z12.nw8.ug2.nb1.pipe3.s1\n"
+          << "not-a-config\n"
+          << "\n"
+          << "z12.nw8.ug2.nb1.pipe3.s16\n";
+  }
+  const Result r = Run({"tune", "--shape=4096x8192", "--m=8", "--space=" + dir_ + "/space.txt",
+                        "--json=" + dir_ + "/tune.json", "--replays=5", "--launches=16",
+                        "--rotate_mb=256"});
+  EXPECT_CONTAINS(r.err, "space.txt:3: skipped");
+  EXPECT_CONTAINS(r.out, "skipped: configuration z12.nw8.ug2.nb1.pipe3.s16");
+  if (!HasGpu()) {
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_CONTAINS(r.out, "1 valid configuration(s) compiled or found in the cache for sm_90, 0 failed to compile, 1 invalid");
+    EXPECT_FALSE(Exists(dir_ + "/tune.json"));
+    return;
+  }
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  std::ifstream in(dir_ + "/tune.json");
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  EXPECT_EQ(doc["schema"], "gemvz.tune/1");
+  ASSERT_EQ(doc["results"].size(), 1u);
+  const nlohmann::json& res = doc["results"][0];
+  EXPECT_EQ(res["m"], 8);
+  EXPECT_EQ(res["shape"]["n"], 4096);
+  ASSERT_EQ(res["candidates"].size(), 2u);
+  EXPECT_TRUE(res["candidates"][0]["check_ok"].get<bool>());
+  EXPECT_TRUE(res["candidates"][1].contains("invalid"));
+  EXPECT_TRUE(res["winner"].is_object());
+}
+
+TEST_F(CliTest, DemoQuick) {
+  const Result r = Run({"demo", "--quick", "--replays=5", "--launches=16", "--rotate_mb=256"});
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_CONTAINS(r.out, "4096x8192");
+  EXPECT_CONTAINS(r.out, "6144x4096");
+  EXPECT_EQ(r.out.find("4096x4096"), std::string::npos) << "--quick packs two shapes only";
+  EXPECT_CONTAINS(r.out, "bit-exact");
+  EXPECT_EQ(r.out.find("FAILED"), std::string::npos) << r.out;
+  EXPECT_CONTAINS(r.out, "z12.nw");  // the kernel table
+  EXPECT_CONTAINS(r.err, "[demo]");  // progress goes to stderr
+  if (!HasGpu()) {
+    EXPECT_CONTAINS(r.out, "skipped (no GPU: ");
+    EXPECT_CONTAINS(r.out, "running Gemv at m = 1, 8, 16");
+    EXPECT_CONTAINS(r.out, "speed table against cuBLAS");
+  } else {
+    EXPECT_CONTAINS(r.out, "demo: everything is right.");
+    EXPECT_CONTAINS(r.out, "geometric mean");
+  }
+}
+
+TEST_F(CliTest, DemoCompilesColdThenFindsTheDiskCache) {
+  const Result cold = Run({"demo", "--shape=4096x4096", "--replays=3", "--launches=8",
+                           "--rotate_mb=128"});
+  ASSERT_EQ(cold.rc, 0) << cold.out << cold.err;
+  EXPECT_CONTAINS(cold.out, "from the disk cache");
+  EXPECT_CONTAINS(cold.out, "nvrtc");
+  const Result warm = Run({"demo", "--shape=4096x4096", "--replays=3", "--launches=8",
+                           "--rotate_mb=128"});
+  ASSERT_EQ(warm.rc, 0) << warm.out << warm.err;
+  EXPECT_CONTAINS(warm.out, " 0 compiled");
+  EXPECT_EQ(warm.out.find("nvrtc"), std::string::npos) << warm.out;
+}
+
+TEST_F(CliTest, BenchNeedsAGpuOrWritesTheDocumentedJson) {
+  const std::string json = dir_ + "/bench.json";
+  const Result r = Run({"bench", "--shape=1024x2048", "--m=1,16", "--json=" + json,
+                        "--replays=3", "--launches=8", "--rotate_mb=128", "--commit=cafe"});
+  if (!HasGpu()) {
+    EXPECT_EQ(r.rc, 1) << r.out << r.err;
+    EXPECT_CONTAINS(r.err, "a GPU is needed to benchmark");
+    EXPECT_CONTAINS(r.err, "no JSON was written");
+    EXPECT_FALSE(Exists(json));
+    return;
+  }
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  std::ifstream in(json);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  EXPECT_EQ(doc["schema"], "gemvz.bench/1");
+  EXPECT_EQ(doc["commit"], "cafe");
+  EXPECT_FALSE(doc["gpu"]["name"].get<std::string>().empty());
+  ASSERT_EQ(doc["cases"].size(), 2u);
+  for (const nlohmann::json& c : doc["cases"]) {
+    for (const char* path : {"z12", "plain", "cublas", "probe"}) {
+      EXPECT_GT(c["paths"][path]["time_us"].get<double>(), 0) << path;
+    }
+    EXPECT_TRUE(c["ok"].get<bool>());
+  }
+  EXPECT_TRUE(doc["ok"].get<bool>());
+}
+
+}  // namespace
