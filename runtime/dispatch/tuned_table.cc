@@ -9,12 +9,13 @@
 // and paste them over kRows. dispatch_test checks that every row is valid and that the suite is
 // covered exactly once per format.
 //
-// NOTES: the seed rows (time_us 0: not measured yet) follow chapter 8's tuner and the grid
-// arithmetic of 132 SMs: NB = ceil(m/8); 16 warps with PIPE 2 (two CTAs per SM) for the 12-bit
-// kernel where N/16 alone gives about two waves of CTAs or more; elsewhere 8 or 4 warps and
-// split-K until N/16 * S reaches about two waves, keeping at least two loop trips per warp;
-// PIPE 1 at m = 16 for the largest K per CTA. No row spills registers (ptxas, NVRTC 13.0,
-// sm_90): the plain kernel with 16 warps and PIPE 2 does (56 bytes and more), so it takes 8.
+// NOTES: measured on one H200 (sm_90, driver 580.159.04) on 2026-11-29 with
+// `gemvz tune --sweep --replays 5 --launches 16` over gemvz::SweepSpace, both formats, keeping
+// the fastest configuration that does not spill and whose NB is the smallest that covers m (a
+// larger NB only adds work; where one measured faster it was within noise). time_us is its
+// median there (weights rotated through 512 MiB, CUDA graphs). At m = 1 and 8 the 12-bit kernel
+// wins with NB 1, 4 to 16 warps, UG 2-4 and mostly PIPE 0; at m = 16 with NB 2 and PIPE 0;
+// split-K never won on this suite.
 #include <string>
 #include <vector>
 
@@ -28,60 +29,60 @@ struct Row {
   const char* arch;
   int64_t m, n, k;
   const char* config;  // KernelConfig text; its format is the entry's format
-  double time_us;      // 0: seeded by reasoning, not measured
+  double time_us;      // the measured median, microseconds
 };
 
 // clang-format off
 constexpr Row kRows[] = {
     // pooler, 4096 x 8192
-    {"sm_90", 1, 4096, 8192, "z12.nw16.ug1.nb1.pipe2.s1", 0},
-    {"sm_90", 8, 4096, 8192, "z12.nw16.ug1.nb1.pipe2.s1", 0},
-    {"sm_90", 16, 4096, 8192, "z12.nw8.ug2.nb2.pipe3.s2", 0},
-    {"sm_90", 1, 4096, 8192, "bf16.nw8.ug2.nb1.pipe3.s2", 0},
-    {"sm_90", 8, 4096, 8192, "bf16.nw8.ug2.nb1.pipe3.s2", 0},
-    {"sm_90", 16, 4096, 8192, "bf16.nw8.ug2.nb2.pipe3.s2", 0},
+    {"sm_90", 1, 4096, 8192, "z12.nw16.ug4.nb1.pipe0.s1", 13.51},
+    {"sm_90", 8, 4096, 8192, "z12.nw16.ug4.nb1.pipe0.s1", 13.70},
+    {"sm_90", 16, 4096, 8192, "z12.nw8.ug4.nb2.pipe0.s1", 14.76},
+    {"sm_90", 1, 4096, 8192, "bf16.nw8.ug2.nb1.pipe1.s1", 18.79},
+    {"sm_90", 8, 4096, 8192, "bf16.nw8.ug2.nb1.pipe2.s1", 19.10},
+    {"sm_90", 16, 4096, 8192, "bf16.nw8.ug2.nb2.pipe2.s1", 20.09},
     // llama3-8b qkv, 6144 x 4096
-    {"sm_90", 1, 6144, 4096, "z12.nw8.ug2.nb1.pipe3.s1", 0},
-    {"sm_90", 8, 6144, 4096, "z12.nw8.ug2.nb1.pipe3.s1", 0},
-    {"sm_90", 16, 6144, 4096, "z12.nw4.ug2.nb2.pipe3.s2", 0},
-    {"sm_90", 1, 6144, 4096, "bf16.nw8.ug2.nb1.pipe3.s1", 0},
-    {"sm_90", 8, 6144, 4096, "bf16.nw8.ug2.nb1.pipe3.s1", 0},
-    {"sm_90", 16, 6144, 4096, "bf16.nw4.ug2.nb2.pipe3.s2", 0},
+    {"sm_90", 1, 6144, 4096, "z12.nw8.ug4.nb1.pipe0.s1", 10.76},
+    {"sm_90", 8, 6144, 4096, "z12.nw8.ug4.nb1.pipe0.s1", 10.87},
+    {"sm_90", 16, 6144, 4096, "z12.nw8.ug2.nb2.pipe0.s1", 11.29},
+    {"sm_90", 1, 6144, 4096, "bf16.nw8.ug1.nb1.pipe1.s1", 14.43},
+    {"sm_90", 8, 6144, 4096, "bf16.nw8.ug1.nb1.pipe1.s1", 14.87},
+    {"sm_90", 16, 6144, 4096, "bf16.nw4.ug2.nb2.pipe1.s1", 16.05},
     // llama3-8b o, 4096 x 4096
-    {"sm_90", 1, 4096, 4096, "z12.nw4.ug2.nb1.pipe3.s2", 0},
-    {"sm_90", 8, 4096, 4096, "z12.nw4.ug2.nb1.pipe3.s2", 0},
-    {"sm_90", 16, 4096, 4096, "z12.nw4.ug2.nb2.pipe3.s2", 0},
-    {"sm_90", 1, 4096, 4096, "bf16.nw4.ug2.nb1.pipe3.s2", 0},
-    {"sm_90", 8, 4096, 4096, "bf16.nw4.ug2.nb1.pipe3.s2", 0},
-    {"sm_90", 16, 4096, 4096, "bf16.nw4.ug2.nb2.pipe3.s2", 0},
+    {"sm_90", 1, 4096, 4096, "z12.nw16.ug4.nb1.pipe0.s1", 7.86},
+    {"sm_90", 8, 4096, 4096, "z12.nw16.ug4.nb1.pipe0.s1", 8.12},
+    {"sm_90", 16, 4096, 4096, "z12.nw8.ug4.nb2.pipe0.s1", 8.65},
+    {"sm_90", 1, 4096, 4096, "bf16.nw8.ug2.nb1.pipe2.s1", 10.49},
+    {"sm_90", 8, 4096, 4096, "bf16.nw8.ug1.nb1.pipe2.s1", 10.87},
+    {"sm_90", 16, 4096, 4096, "bf16.nw8.ug2.nb2.pipe2.s1", 11.76},
     // llama3-8b gate_up, 28672 x 4096
-    {"sm_90", 1, 28672, 4096, "z12.nw16.ug1.nb1.pipe2.s1", 0},
-    {"sm_90", 8, 28672, 4096, "z12.nw16.ug1.nb1.pipe2.s1", 0},
-    {"sm_90", 16, 28672, 4096, "z12.nw8.ug1.nb2.pipe1.s1", 0},
-    {"sm_90", 1, 28672, 4096, "bf16.nw8.ug2.nb1.pipe3.s1", 0},
-    {"sm_90", 8, 28672, 4096, "bf16.nw8.ug2.nb1.pipe3.s1", 0},
-    {"sm_90", 16, 28672, 4096, "bf16.nw8.ug1.nb2.pipe1.s1", 0},
+    {"sm_90", 1, 28672, 4096, "z12.nw4.ug2.nb1.pipe0.s1", 42.30},
+    {"sm_90", 8, 28672, 4096, "z12.nw4.ug2.nb1.pipe0.s1", 42.62},
+    {"sm_90", 16, 28672, 4096, "z12.nw8.ug2.nb2.pipe0.s1", 45.76},
+    {"sm_90", 1, 28672, 4096, "bf16.nw8.ug2.nb1.pipe3.s1", 57.49},
+    {"sm_90", 8, 28672, 4096, "bf16.nw8.ug4.nb1.pipe3.s1", 59.08},
+    {"sm_90", 16, 28672, 4096, "bf16.nw2.ug2.nb2.pipe1.s1", 62.98},
     // llama3-8b down, 4096 x 14336
-    {"sm_90", 1, 4096, 14336, "z12.nw8.ug2.nb1.pipe3.s2", 0},
-    {"sm_90", 8, 4096, 14336, "z12.nw8.ug2.nb1.pipe3.s2", 0},
-    {"sm_90", 16, 4096, 14336, "z12.nw8.ug2.nb2.pipe3.s2", 0},
-    {"sm_90", 1, 4096, 14336, "bf16.nw8.ug2.nb1.pipe3.s2", 0},
-    {"sm_90", 8, 4096, 14336, "bf16.nw8.ug2.nb1.pipe3.s2", 0},
-    {"sm_90", 16, 4096, 14336, "bf16.nw8.ug2.nb2.pipe3.s2", 0},
+    {"sm_90", 1, 4096, 14336, "z12.nw16.ug1.nb1.pipe2.s1", 22.13},
+    {"sm_90", 8, 4096, 14336, "z12.nw16.ug1.nb1.pipe2.s1", 22.50},
+    {"sm_90", 16, 4096, 14336, "z12.nw8.ug4.nb2.pipe0.s1", 25.20},
+    {"sm_90", 1, 4096, 14336, "bf16.nw4.ug4.nb1.pipe2.s1", 31.18},
+    {"sm_90", 8, 4096, 14336, "bf16.nw8.ug2.nb1.pipe1.s1", 31.91},
+    {"sm_90", 16, 4096, 14336, "bf16.nw8.ug2.nb2.pipe1.s1", 33.52},
     // llama3-70b qkv, 10240 x 8192
-    {"sm_90", 1, 10240, 8192, "z12.nw16.ug1.nb1.pipe2.s1", 0},
-    {"sm_90", 8, 10240, 8192, "z12.nw16.ug1.nb1.pipe2.s1", 0},
-    {"sm_90", 16, 10240, 8192, "z12.nw8.ug2.nb2.pipe3.s1", 0},
-    {"sm_90", 1, 10240, 8192, "bf16.nw8.ug2.nb1.pipe3.s1", 0},
-    {"sm_90", 8, 10240, 8192, "bf16.nw8.ug2.nb1.pipe3.s1", 0},
-    {"sm_90", 16, 10240, 8192, "bf16.nw8.ug2.nb2.pipe3.s1", 0},
+    {"sm_90", 1, 10240, 8192, "z12.nw4.ug4.nb1.pipe0.s1", 31.24},
+    {"sm_90", 8, 10240, 8192, "z12.nw4.ug4.nb1.pipe0.s1", 31.38},
+    {"sm_90", 16, 10240, 8192, "z12.nw4.ug2.nb2.pipe0.s1", 33.14},
+    {"sm_90", 1, 10240, 8192, "bf16.nw2.ug2.nb1.pipe1.s1", 43.11},
+    {"sm_90", 8, 10240, 8192, "bf16.nw4.ug2.nb1.pipe1.s1", 43.27},
+    {"sm_90", 16, 10240, 8192, "bf16.nw2.ug2.nb2.pipe1.s1", 47.17},
     // llama3-70b down, 8192 x 28672
-    {"sm_90", 1, 8192, 28672, "z12.nw16.ug1.nb1.pipe2.s1", 0},
-    {"sm_90", 8, 8192, 28672, "z12.nw16.ug1.nb1.pipe2.s1", 0},
-    {"sm_90", 16, 8192, 28672, "z12.nw8.ug2.nb2.pipe1.s1", 0},
-    {"sm_90", 1, 8192, 28672, "bf16.nw8.ug2.nb1.pipe3.s1", 0},
-    {"sm_90", 8, 8192, 28672, "bf16.nw8.ug2.nb1.pipe3.s1", 0},
-    {"sm_90", 16, 8192, 28672, "bf16.nw8.ug2.nb2.pipe1.s1", 0},
+    {"sm_90", 1, 8192, 28672, "z12.nw8.ug4.nb1.pipe0.s1", 81.55},
+    {"sm_90", 8, 8192, 28672, "z12.nw8.ug2.nb1.pipe0.s1", 82.09},
+    {"sm_90", 16, 8192, 28672, "z12.nw4.ug4.nb2.pipe0.s1", 85.27},
+    {"sm_90", 1, 8192, 28672, "bf16.nw8.ug1.nb1.pipe3.s1", 118.28},
+    {"sm_90", 8, 8192, 28672, "bf16.nw8.ug2.nb1.pipe1.s1", 116.37},
+    {"sm_90", 16, 8192, 28672, "bf16.nw4.ug2.nb2.pipe1.s1", 118.36},
 };
 // clang-format on
 
