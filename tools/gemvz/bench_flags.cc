@@ -23,8 +23,8 @@ const char kMeasureFlagsUsage[] =
     "  --seed=N            seed of the random weights N(0, 1/K) and x N(0, 1); 0 picks a fresh\n"
     "                      one and prints it (default 0)\n"
     "  --device=N          GPU ordinal (default 0)\n"
-    "  --j=N               host threads for generating, packing and the reference (default 0:\n"
-    "                      all cores)\n";
+    "  --j=N               host threads for generating, packing, compiling and the reference\n"
+    "                      (default 0: all cores)\n";
 
 absl::StatusOr<TimingOptions> TimingFromFlags() {
   TimingOptions t;
