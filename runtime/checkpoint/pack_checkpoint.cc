@@ -1,0 +1,410 @@
+// PackCheckpoint: safetensors in, packed safetensors out, one tensor at a time so that memory
+// stays near the size of the largest tensor, never the size of a file.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "gemvz/checkpoint.h"
+#include "runtime/checkpoint/packed_tensor.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/common/file_util.h"
+#include "runtime/common/log.h"
+#include "runtime/common/status_macros.h"
+
+namespace gemvz {
+namespace {
+
+using internal::SafetensorsEntry;
+using internal::SafetensorsFile;
+using internal::SafetensorsWriter;
+
+// Kept tensors are copied, and packed ones verified, in pieces of this many bytes, each released
+// from the resident set once done.
+constexpr uint64_t kChunkBytes = uint64_t{32} << 20;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string BaseName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+struct TensorPlan {
+  const SafetensorsEntry* entry = nullptr;
+  bool pack = false;
+  std::string reason;  // why it is kept as is
+};
+
+// Which tensors of a file get packed, in file order (so the input is read front to back).
+std::vector<TensorPlan> PlanFile(const SafetensorsFile& f) {
+  std::vector<TensorPlan> plans;
+  for (const SafetensorsEntry& e : f.tensors()) {
+    TensorPlan p;
+    p.entry = &e;
+    if (e.dtype != "BF16") {
+      p.reason = absl::StrCat("dtype ", e.dtype, " (only BF16 is packed)");
+    } else if (e.shape.size() != 2) {
+      p.reason = absl::StrCat(e.shape.size(), "-D tensor (only 2-D matrices are packed)");
+    } else if (absl::Status st = CheckPackableShape(e.shape[0], e.shape[1]); !st.ok()) {
+      p.reason = std::string(st.message());
+    } else {
+      p.pack = true;
+    }
+    plans.push_back(std::move(p));
+  }
+  std::stable_sort(plans.begin(), plans.end(), [](const TensorPlan& a, const TensorPlan& b) {
+    return a.entry->begin < b.entry->begin;
+  });
+  return plans;
+}
+
+// The first non-finite BF16 value, or -1.
+int64_t FindNonFinite(const uint8_t* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t v;
+    std::memcpy(&v, p + 2 * i, 2);
+    if ((v & 0x7F80) == 0x7F80) return i;
+  }
+  return -1;
+}
+
+class Driver {
+ public:
+  Driver(const CheckpointPackOptions& options, CheckpointPackReport& report)
+      : options_(options), report_(report) {}
+
+  absl::Status PackFile(const SafetensorsFile& in, const std::string& out_path,
+                        std::unique_ptr<SafetensorsWriter>* writer_out);
+
+  void Progress(const std::string& current, const std::string& stage) {
+    if (!options_.progress) return;
+    PackProgress p;
+    p.bytes_done = bytes_done_;
+    p.bytes_total = bytes_total_;
+    p.tensors_done = tensors_done_;
+    p.tensors_total = tensors_total_;
+    p.current = current;
+    p.stage = stage;
+    options_.progress(p);
+  }
+
+  int64_t bytes_total_ = 0, tensors_total_ = 0;
+
+ private:
+  absl::Status PackTensor(const SafetensorsFile& in, const TensorPlan& plan,
+                          SafetensorsWriter& writer, TensorPackReport& r);
+  absl::Status CopyTensor(const SafetensorsFile& in, const SafetensorsEntry& e,
+                          SafetensorsWriter& writer, const std::string& stage_name);
+  absl::Status Verify(const SafetensorsFile& in, const std::vector<TensorPlan>& plans,
+                      const std::string& temp_path, size_t first_report);
+
+  const CheckpointPackOptions& options_;
+  CheckpointPackReport& report_;
+  int64_t bytes_done_ = 0, tensors_done_ = 0;
+};
+
+absl::Status Driver::CopyTensor(const SafetensorsFile& in, const SafetensorsEntry& e,
+                                SafetensorsWriter& writer, const std::string& stage) {
+  RETURN_IF_ERROR(writer.BeginTensor(e.name, e.dtype, e.shape));
+  for (uint64_t off = 0; off < e.end - e.begin; off += kChunkBytes) {
+    const uint64_t n = std::min(kChunkBytes, e.end - e.begin - off);
+    in.WillNeed(e.begin + off, n);
+    RETURN_IF_ERROR(writer.Write(in.data(e) + off, n));
+    in.Release(e.begin + off, n);
+    bytes_done_ += static_cast<int64_t>(n);
+    Progress(e.name, stage);
+  }
+  return writer.EndTensor();
+}
+
+absl::Status Driver::PackTensor(const SafetensorsFile& in, const TensorPlan& plan,
+                                SafetensorsWriter& writer, TensorPackReport& r) {
+  const SafetensorsEntry& e = *plan.entry;
+  const int64_t rows = e.shape[0], cols = e.shape[1];
+  const uint8_t* src = in.data(e);
+  in.WillNeed(e.begin, e.end - e.begin);
+  // Files from the reference writer keep tensors aligned; an odd offset gets an aligned copy.
+  std::vector<uint16_t> aligned;
+  const uint16_t* bf16 = reinterpret_cast<const uint16_t*>(src);
+  if (reinterpret_cast<uintptr_t>(src) % alignof(uint16_t) != 0) {
+    aligned.resize(static_cast<size_t>(rows * cols));
+    std::memcpy(aligned.data(), src, aligned.size() * 2);
+    bf16 = aligned.data();
+  }
+  PackOptions po;
+  po.threads = options_.threads;
+  absl::StatusOr<PackedMatrix> packed = Pack(bf16, rows, cols, po);
+  if (!packed.ok()) {
+    const int64_t bad = FindNonFinite(src, rows * cols);
+    if (bad < 0) {
+      return absl::Status(packed.status().code(),
+                          absl::StrCat("'", in.path(), "', tensor '", e.name, "' ",
+                                       ShapeString(e.shape), ": ", packed.status().message()));
+    }
+    uint16_t v;
+    std::memcpy(&v, src + 2 * bad, 2);
+    const std::string what = absl::StrFormat("weight at (row %d, col %d) is %s (BF16 bits 0x%04x)",
+                                             bad / cols, bad % cols,
+                                             (v & 0x7F)     ? "NaN"
+                                             : (v & 0x8000) ? "-Inf"
+                                                            : "+Inf",
+                                             v);
+    if (!options_.keep_nonfinite) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", in.path(), "', tensor '", e.name, "' ", ShapeString(e.shape), ": ", what,
+          "; only finite weights can be packed (keep such tensors unpacked with "
+          "keep_nonfinite / --keep_nonfinite)"));
+    }
+    GEMVZ_LOG_WARNING("'%s', tensor '%s': %s; kept unpacked", in.path(), e.name, what);
+    r.packed = false;
+    r.skip_reason = absl::StrCat("non-finite: ", what);
+    in.Release(e.begin, e.end - e.begin);
+    return CopyTensor(in, e, writer, "copy");
+  }
+  in.Release(e.begin, e.end - e.begin);
+  const uint64_t before = writer.bytes_written();
+  ASSIGN_OR_RETURN(const internal::PackedTensorMeta meta,
+                   internal::WritePackedTensor(writer, e.name, *packed));
+  writer.SetMetadata(absl::StrCat(internal::kMetaTensorPrefix, e.name),
+                     internal::EncodePackedTensorMeta(meta));
+  r.packed = true;
+  r.stats = packed->stats;
+  r.output_bytes = static_cast<int64_t>(writer.bytes_written() - before);
+  bytes_done_ += static_cast<int64_t>(e.end - e.begin);
+  return absl::OkStatus();
+}
+
+absl::Status Driver::Verify(const SafetensorsFile& in, const std::vector<TensorPlan>& plans,
+                            const std::string& temp_path, size_t first_report) {
+  // Reopened the way any reader would: a header the writer got wrong fails here.
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> out, SafetensorsFile::Open(temp_path));
+  const std::string where =
+      absl::StrCat("verify of '", BaseName(in.path()), "' (written to '", temp_path, "')");
+  size_t parts = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const SafetensorsEntry& e = *plans[i].entry;
+    TensorPackReport& r = report_.tensors[first_report + i];
+    Progress(e.name, "verify");
+    if (r.packed) {
+      auto m = out->metadata().find(absl::StrCat(internal::kMetaTensorPrefix, e.name));
+      if (m == out->metadata().end()) {
+        return absl::DataLossError(absl::StrCat(where, ": no metadata for '", e.name, "'"));
+      }
+      ASSIGN_OR_RETURN(const internal::PackedTensorMeta meta,
+                       internal::DecodePackedTensorMeta(m->second));
+      ASSIGN_OR_RETURN(const PackedMatrix p, internal::ReadPackedTensor(*out, e.name, meta));
+      parts += internal::kPackedParts;
+      // Row slices keep the unpacked buffer small whatever the matrix size.
+      const int64_t cols = p.cols;
+      const int64_t slice_rows = std::max<int64_t>(
+          kRowBlock, static_cast<int64_t>(kChunkBytes / 2 / cols) / kRowBlock * kRowBlock);
+      std::vector<uint16_t> buf;
+      for (int64_t r0 = 0; r0 < p.rows; r0 += slice_rows) {
+        const int64_t r1 = std::min(p.rows, r0 + slice_rows);
+        const PackedMatrix slice = internal::SlicePackedRows(p, r0, r1);
+        buf.resize(static_cast<size_t>((r1 - r0) * cols));
+        RETURN_IF_ERROR(Unpack(slice, buf.data()));
+        const uint8_t* orig = in.data(e) + static_cast<uint64_t>(r0 * cols) * 2;
+        if (std::memcmp(buf.data(), orig, buf.size() * 2) != 0) {
+          for (size_t k = 0; k < buf.size(); ++k) {
+            uint16_t o;
+            std::memcpy(&o, orig + 2 * k, 2);
+            if (o != buf[k]) {
+              return absl::DataLossError(absl::StrFormat(
+                  "%s: tensor '%s' (row %d, col %d) unpacks to BF16 0x%04x, the input holds "
+                  "0x%04x",
+                  where, e.name, r0 + static_cast<int64_t>(k) / cols,
+                  static_cast<int64_t>(k) % cols, buf[k], o));
+            }
+          }
+        }
+        in.Release(e.begin + static_cast<uint64_t>(r0 * cols) * 2,
+                   static_cast<uint64_t>((r1 - r0) * cols) * 2);
+      }
+    } else {
+      const SafetensorsEntry* o = out->Find(e.name);
+      parts += 1;
+      if (o == nullptr || o->dtype != e.dtype || o->shape != e.shape) {
+        return absl::DataLossError(
+            absl::StrCat(where, ": tensor '", e.name, "' is missing or has another dtype/shape"));
+      }
+      for (uint64_t off = 0; off < e.end - e.begin; off += kChunkBytes) {
+        const uint64_t n = std::min(kChunkBytes, e.end - e.begin - off);
+        if (std::memcmp(out->data(*o) + off, in.data(e) + off, n) != 0) {
+          return absl::DataLossError(absl::StrCat(where, ": tensor '", e.name,
+                                                  "' differs from the input near byte ", off));
+        }
+        in.Release(e.begin + off, n);
+        out->Release(o->begin + off, n);
+      }
+    }
+    r.verified = true;
+    bytes_done_ += static_cast<int64_t>(e.end - e.begin);
+  }
+  Progress("", "verify");
+  if (out->tensors().size() != parts) {
+    return absl::DataLossError(absl::StrCat(where, ": ", out->tensors().size(),
+                                            " tensors in the output, expected ", parts));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_path,
+                              std::unique_ptr<SafetensorsWriter>* writer_out) {
+  const std::vector<TensorPlan> plans = PlanFile(in);
+
+  // Output names must not collide (an input tensor called "x.z12.weights" beside a packed "x").
+  std::set<std::string> names;
+  for (const TensorPlan& p : plans) {
+    std::vector<std::string> out_names;
+    if (p.pack) {
+      for (int i = 0; i < internal::kPackedParts; ++i) {
+        out_names.push_back(internal::PackedPartName(p.entry->name, i));
+      }
+    } else {
+      out_names.push_back(p.entry->name);
+    }
+    for (const std::string& n : out_names) {
+      if (!names.insert(n).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "'", in.path(), "': output tensor name '", n,
+            "' would be used twice (a packed tensor's part collides with another tensor)"));
+      }
+    }
+  }
+
+  // Room for the header, which is written last: every unknown number at its longest.
+  std::vector<SafetensorsEntry> bound_entries;
+  std::map<std::string, std::string> bound_meta = in.metadata();
+  bound_meta[internal::kMetaFormatKey] = internal::kMetaFormatValue;
+  bound_meta[internal::kMetaVersionKey] = std::to_string(kCheckpointFormatVersion);
+  for (const TensorPlan& p : plans) {
+    const SafetensorsEntry& e = *p.entry;
+    // A packable tensor may end up kept (keep_nonfinite): reserve for both.
+    SafetensorsEntry kept = e;
+    kept.begin = kept.end = internal::kMaxHeaderNumber;
+    bound_entries.push_back(kept);
+    if (p.pack) {
+      for (auto& part : internal::PlaceholderPackedEntries(e.name, e.shape[0], e.shape[1])) {
+        bound_entries.push_back(std::move(part));
+      }
+      bound_meta[absl::StrCat(internal::kMetaTensorPrefix, e.name)] =
+          internal::PlaceholderPackedMeta(e.shape[0], e.shape[1]);
+    }
+  }
+  const uint64_t reserve = internal::SafetensorsHeaderJson(bound_entries, bound_meta).size();
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> writer,
+                   SafetensorsWriter::Create(out_path, reserve));
+
+  const size_t first_report = report_.tensors.size();
+  for (const TensorPlan& p : plans) {
+    const SafetensorsEntry& e = *p.entry;
+    const double t0 = Now();
+    TensorPackReport r;
+    r.name = e.name;
+    r.file = in.path();
+    r.dtype = e.dtype;
+    r.shape = e.shape;
+    r.input_bytes = static_cast<int64_t>(e.end - e.begin);
+    if (p.pack) {
+      Progress(e.name, "pack");
+      RETURN_IF_ERROR(PackTensor(in, p, *writer, r));
+    } else {
+      r.skip_reason = p.reason;
+      const uint64_t before = writer->bytes_written();
+      RETURN_IF_ERROR(CopyTensor(in, e, *writer, "copy"));
+      r.output_bytes = static_cast<int64_t>(writer->bytes_written() - before);
+    }
+    if (!r.packed && r.output_bytes == 0) r.output_bytes = r.input_bytes;
+    r.seconds = Now() - t0;
+    ++tensors_done_;
+    report_.tensors.push_back(std::move(r));
+    Progress("", "");
+  }
+  for (const auto& [k, v] : in.metadata()) writer->SetMetadata(k, v);
+  writer->SetMetadata(internal::kMetaFormatKey, internal::kMetaFormatValue);
+  writer->SetMetadata(internal::kMetaVersionKey, std::to_string(kCheckpointFormatVersion));
+  RETURN_IF_ERROR(writer->Finish());
+  if (options_.verify) RETURN_IF_ERROR(Verify(in, plans, writer->temp_path(), first_report));
+  report_.output_bytes += static_cast<int64_t>(writer->bytes_written());
+  *writer_out = std::move(writer);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::string>& inputs,
+                                                    const std::string& out_dir,
+                                                    const CheckpointPackOptions& options) {
+  const double t0 = Now();
+  if (inputs.empty()) return absl::InvalidArgumentError("no input safetensors files");
+  if (out_dir.empty()) return absl::InvalidArgumentError("no output directory");
+
+  // Every input is opened and checked before anything is written.
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, std::string> base_names, tensor_files;
+  CheckpointPackReport report;
+  Driver driver(options, report);
+  for (const std::string& path : inputs) {
+    ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f, SafetensorsFile::Open(path));
+    if (f->metadata().count(internal::kMetaFormatKey)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", path, "' is already a gemvz packed checkpoint"));
+    }
+    const std::string base = BaseName(path);
+    if (auto [it, ok] = base_names.emplace(base, path); !ok) {
+      return absl::InvalidArgumentError(absl::StrCat("inputs '", it->second, "' and '", path,
+                                                     "' would both be written to '", base, "'"));
+    }
+    for (const SafetensorsEntry& e : f->tensors()) {
+      if (auto [it, ok] = tensor_files.emplace(e.name, path); !ok) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", e.name, "' is in both '", it->second, "' and '", path, "'"));
+      }
+      driver.bytes_total_ += static_cast<int64_t>(e.end - e.begin);
+      ++driver.tensors_total_;
+    }
+    files.push_back(std::move(f));
+  }
+  if (options.verify) driver.bytes_total_ *= 2;  // every byte is read again to verify it
+  RETURN_IF_ERROR(internal::CreateDirectories(out_dir));
+
+  // Written and verified under temporary names; published together at the end. Writers that are
+  // never published remove their temporary files when destroyed.
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers;
+  for (const auto& f : files) {
+    std::unique_ptr<SafetensorsWriter> w;
+    RETURN_IF_ERROR(driver.PackFile(*f, absl::StrCat(out_dir, "/", BaseName(f->path())), &w));
+    writers.push_back(std::move(w));
+  }
+  for (auto& w : writers) {
+    RETURN_IF_ERROR(w->Publish());
+    report.outputs.push_back(w->path());
+  }
+
+  for (const TensorPackReport& r : report.tensors) {
+    report.input_bytes += r.input_bytes;
+    if (r.packed) {
+      ++report.packed_tensors;
+      report.packed_weights += r.stats.weights;
+      report.packed_input_bytes += r.input_bytes;
+      report.packed_output_bytes += r.output_bytes;
+    }
+  }
+  report.verified = options.verify;
+  report.seconds = Now() - t0;
+  return report;
+}
+
+}  // namespace gemvz

@@ -1,0 +1,667 @@
+// Tests of checkpoint packing and reading: a synthetic sharded checkpoint (several dtypes, 1-D
+// and 2-D tensors, an all-zero row, NaN) packed, verified and reloaded; every bad input refused
+// with the file and tensor named and nothing left behind; corrupt packed files caught; the CLI.
+#include "gemvz/checkpoint.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/checkpoint/packed_tensor.h"
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/cuda/driver.h"
+#include "tests/support/random_weights.h"
+
+namespace gemvz {
+namespace {
+
+using ::gemvz::testing::Distribution;
+using ::gemvz::testing::FreshSeed;
+using ::gemvz::testing::RandomMatrix;
+using internal::SafetensorsEntry;
+using internal::SafetensorsFile;
+using internal::SafetensorsWriter;
+
+std::string MakeTempDir() {
+  std::string tmpl = ::testing::TempDir() + "/checkpoint_test.XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) return "";
+  return std::string(buf.data());
+}
+
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::string s;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return s;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
+  std::fclose(f);
+  return s;
+}
+
+void WriteAll(const std::string& path, const std::string& bytes) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+  std::fclose(f);
+}
+
+struct Tensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+  bool expect_packed = false;
+  std::string expect_reason;  // substring of the skip reason
+};
+
+std::string Bf16Bytes(const std::vector<uint16_t>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 2);
+}
+
+template <typename T>
+std::string PodBytes(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+void WriteCheckpoint(const std::string& path, const std::vector<Tensor>& ts,
+                     const std::map<std::string, std::string>& meta = {{"format", "pt"}}) {
+  std::vector<SafetensorsEntry> bound;
+  for (const auto& t : ts)
+    bound.push_back(
+        {t.name, t.dtype, t.shape, internal::kMaxHeaderNumber, internal::kMaxHeaderNumber});
+  auto w = SafetensorsWriter::Create(path, internal::SafetensorsHeaderJson(bound, meta).size());
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (const auto& t : ts) {
+    ASSERT_TRUE((*w)->AddTensor(t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()).ok())
+        << t.name;
+  }
+  for (const auto& [k, v] : meta) (*w)->SetMetadata(k, v);
+  ASSERT_TRUE((*w)->Finish().ok());
+  ASSERT_TRUE((*w)->Publish().ok());
+}
+
+// Two shards of a small model: packable matrices of several distributions (one with an all-zero
+// row), and tensors that must be kept: 1-D, other dtypes, odd shapes, a scalar, an empty tensor,
+// an F32 holding NaN and Inf.
+std::vector<std::vector<Tensor>> SyntheticShards(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto embed = RandomMatrix(128, 256, Distribution::kNormal, seed + 1);
+  std::fill(embed.begin() + 7 * 256, embed.begin() + 8 * 256, 0);  // padded vocabulary row
+  std::vector<float> bias(256);
+  for (auto& b : bias) b = static_cast<float>(rng() % 1000) / 1000.f;
+  bias[3] = std::nanf("");
+  bias[9] = -INFINITY;
+  std::vector<uint16_t> f16(64 * 128);
+  for (auto& v : f16) v = static_cast<uint16_t>(rng() & 0x7BFF);
+  std::vector<int64_t> step = {static_cast<int64_t>(rng())};
+  std::vector<uint8_t> mask(16);
+  for (auto& m : mask) m = rng() & 1;
+  std::vector<int8_t> i8(16);
+  for (auto& v : i8) v = static_cast<int8_t>(rng());
+  std::vector<Tensor> a = {
+      {"model.embed_tokens.weight", "BF16", {128, 256}, Bf16Bytes(embed), true, ""},
+      {"model.layers.0.mlp.down_proj.weight",
+       "BF16",
+       {64, 512},
+       Bf16Bytes(RandomMatrix(64, 512, Distribution::kStudentT3, seed + 2)),
+       true,
+       ""},
+      {"model.layers.0.self_attn.q_proj.weight",
+       "BF16",
+       {32, 128},
+       Bf16Bytes(RandomMatrix(32, 128, Distribution::kTiny, seed + 3)),
+       true,
+       ""},
+      {"model.layers.0.input_layernorm.weight",
+       "BF16",
+       {256},
+       Bf16Bytes(RandomMatrix(1, 256, Distribution::kNormal, seed + 4)),
+       false,
+       "1-D"},
+      {"model.layers.0.bias", "F32", {256}, PodBytes(bias), false, "dtype F32"},
+      {"model.step", "I64", {}, PodBytes(step), false, "dtype I64"},
+  };
+  std::vector<Tensor> b = {
+      {"lm_head.weight", "F16", {64, 128}, PodBytes(f16), false, "dtype F16"},
+      {"model.layers.1.odd_rows.weight",
+       "BF16",
+       {20, 64},
+       Bf16Bytes(RandomMatrix(20, 64, Distribution::kNormal, seed + 5)),
+       false,
+       "N % 16"},
+      {"model.layers.1.odd_cols.weight",
+       "BF16",
+       {16, 96},
+       Bf16Bytes(RandomMatrix(16, 96, Distribution::kNormal, seed + 6)),
+       false,
+       "K % 64"},
+      {"model.layers.1.conv.weight",
+       "BF16",
+       {16, 4, 64},
+       Bf16Bytes(RandomMatrix(16, 256, Distribution::kNormal, seed + 7)),
+       false,
+       "3-D"},
+      {"model.layers.1.mlp.up_proj.weight",
+       "BF16",
+       {48, 192},
+       Bf16Bytes(RandomMatrix(48, 192, Distribution::kFullRange, seed + 8)),
+       true,
+       ""},
+      {"model.empty", "F32", {0}, "", false, "dtype F32"},
+      {"model.empty_matrix", "BF16", {0, 64}, "", false, "empty"},
+      {"model.mask", "BOOL", {16}, PodBytes(mask), false, "dtype BOOL"},
+      {"model.i8", "I8", {4, 4}, PodBytes(i8), false, "dtype I8"},
+  };
+  return {a, b};
+}
+
+TEST(CheckpointTest, PacksVerifiesAndReloadsASyntheticCheckpoint) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(seed);
+  const std::string dir = MakeTempDir();
+  const auto shards = SyntheticShards(seed);
+  const std::vector<std::string> inputs = {dir + "/model-00001-of-00002.safetensors",
+                                           dir + "/model-00002-of-00002.safetensors"};
+  WriteCheckpoint(inputs[0], shards[0]);
+  WriteCheckpoint(inputs[1], shards[1]);
+
+  CheckpointPackOptions options;
+  options.verify = true;
+  options.threads = 2;
+  int64_t calls = 0, last_done = -1;
+  bool monotonic = true;
+  options.progress = [&](const PackProgress& p) {
+    ++calls;
+    monotonic &= p.bytes_done >= last_done && p.bytes_done <= p.bytes_total;
+    last_done = p.bytes_done;
+  };
+  const std::string out = dir + "/packed";
+  absl::StatusOr<CheckpointPackReport> report = PackCheckpoint(inputs, out, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GT(calls, 0);
+  EXPECT_TRUE(monotonic);
+  EXPECT_TRUE(report->verified);
+  EXPECT_EQ(report->outputs, (std::vector<std::string>{out + "/model-00001-of-00002.safetensors",
+                                                       out + "/model-00002-of-00002.safetensors"}));
+  EXPECT_EQ(ListDir(out), (std::vector<std::string>{"model-00001-of-00002.safetensors",
+                                                    "model-00002-of-00002.safetensors"}));
+
+  // The report: what was packed, what was kept and why.
+  std::map<std::string, const Tensor*> expected;
+  for (const auto& s : shards) {
+    for (const auto& t : s) expected[t.name] = &t;
+  }
+  ASSERT_EQ(report->tensors.size(), expected.size());
+  int64_t packed = 0;
+  for (const TensorPackReport& r : report->tensors) {
+    const Tensor& t = *expected.at(r.name);
+    EXPECT_EQ(r.packed, t.expect_packed) << r.name << ": " << r.skip_reason;
+    EXPECT_TRUE(r.verified) << r.name;
+    EXPECT_EQ(r.input_bytes, static_cast<int64_t>(t.bytes.size())) << r.name;
+    if (r.packed) {
+      ++packed;
+      EXPECT_EQ(r.stats.weights, t.shape[0] * t.shape[1]);
+      EXPECT_GT(r.stats.bits_per_weight, 11.9);
+      EXPECT_NEAR(r.stats.window_coverage + r.stats.exception_rate, 1.0, 1e-12);
+      EXPECT_GE(r.output_bytes, t.shape[0] * t.shape[1] * 3 / 2);
+    } else {
+      EXPECT_NE(r.skip_reason.find(t.expect_reason), std::string::npos)
+          << r.name << ": '" << r.skip_reason << "' lacks '" << t.expect_reason << "'";
+    }
+    if (r.name == "model.embed_tokens.weight") EXPECT_GE(r.stats.dense_rows, 1);  // zero row
+  }
+  EXPECT_EQ(report->packed_tensors, packed);
+  EXPECT_EQ(packed, 4);
+
+  // Every output is a safetensors file any reader takes: contiguous data, metadata of strings.
+  for (const std::string& path : report->outputs) {
+    auto f = SafetensorsFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ((*f)->data_offset() % 8, 0u);
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (const auto& e : (*f)->tensors()) ranges.emplace_back(e.begin, e.end);
+    std::sort(ranges.begin(), ranges.end());
+    uint64_t at = 0;
+    for (auto [b, e] : ranges) {
+      EXPECT_EQ(b, at);
+      at = e;
+    }
+    EXPECT_EQ(at, (*f)->file_size() - (*f)->data_offset());
+    EXPECT_EQ((*f)->metadata().at("format"), "pt");  // the input's metadata is kept
+    EXPECT_EQ((*f)->metadata().at("gemvz.version"), "1");
+  }
+  auto f0 = SafetensorsFile::Open(report->outputs[0]);
+  ASSERT_TRUE(f0.ok());
+  const SafetensorsEntry* w = (*f0)->Find("model.embed_tokens.weight.z12.weights");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->dtype, "U8");
+  EXPECT_EQ(w->shape, (std::vector<int64_t>{8, 4, 3, 32, 16}));
+  const nlohmann::json meta =
+      nlohmann::json::parse((*f0)->metadata().at("gemvz.z12.model.embed_tokens.weight"));
+  EXPECT_EQ(meta["format"], "z12");
+  EXPECT_EQ(meta["version"], 1);
+  EXPECT_EQ(meta["rows"], 128);
+  EXPECT_EQ(meta["cols"], 256);
+  EXPECT_TRUE(meta.contains("base") && meta.contains("tl") && meta.contains("th"));
+
+  // Reloaded through the library: every tensor bit for bit, packed or kept.
+  absl::StatusOr<PackedCheckpoint> ckpt = PackedCheckpoint::Open(out);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ASSERT_EQ(ckpt->tensors().size(), expected.size());
+  for (const TensorInfo& info : ckpt->tensors()) {
+    ASSERT_TRUE(expected.count(info.name)) << "unexpected tensor " << info.name;
+    const Tensor& t = *expected.at(info.name);
+    EXPECT_EQ(info.packed, t.expect_packed) << info.name;
+    EXPECT_EQ(info.dtype, t.dtype);
+    EXPECT_EQ(info.shape, t.shape);
+    if (t.expect_packed) {
+      absl::StatusOr<PackedMatrix> p = ckpt->GetPacked(info.name);
+      ASSERT_TRUE(p.ok()) << p.status();
+      EXPECT_EQ(p->rows, t.shape[0]);
+      absl::StatusOr<std::vector<uint16_t>> back = Unpack(*p);
+      ASSERT_TRUE(back.ok());
+      EXPECT_EQ(Bf16Bytes(*back), t.bytes) << info.name;
+      EXPECT_FALSE(ckpt->GetRaw(info.name).ok());
+    } else {
+      absl::StatusOr<TensorView> v = ckpt->GetRaw(info.name);
+      ASSERT_TRUE(v.ok()) << v.status();
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(v->data), v->size), t.bytes)
+          << info.name;  // the NaN and -Inf of the F32 bias included
+      EXPECT_FALSE(ckpt->GetPacked(info.name).ok());
+    }
+    if (t.dtype == "BF16") {
+      absl::StatusOr<std::vector<uint16_t>> bits = ckpt->GetBf16(info.name);
+      ASSERT_TRUE(bits.ok()) << bits.status();
+      EXPECT_EQ(Bf16Bytes(*bits), t.bytes) << info.name;
+    } else {
+      EXPECT_FALSE(ckpt->GetBf16(info.name).ok());
+    }
+  }
+  EXPECT_EQ(ckpt->Info("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ckpt->GetPacked("nope").status().code(), absl::StatusCode::kNotFound);
+  // One file of the directory opens on its own too.
+  absl::StatusOr<PackedCheckpoint> one = PackedCheckpoint::Open(report->outputs[1]);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->tensors().size(), shards[1].size());
+  // So does a plain (unpacked) checkpoint: everything is kept.
+  absl::StatusOr<PackedCheckpoint> plain = PackedCheckpoint::Open(inputs[0]);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  absl::StatusOr<std::vector<uint16_t>> e = plain->GetBf16("model.embed_tokens.weight");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(Bf16Bytes(*e), shards[0][0].bytes);
+}
+
+TEST(CheckpointTest, DeviceMatrixFromAPackedCheckpoint) {
+  if (internal::DeviceCount() == 0) GTEST_SKIP() << "no GPU: DeviceMatrix::Upload needs one";
+  const std::string dir = MakeTempDir();
+  const auto w = RandomMatrix(256, 512, Distribution::kNormal, FreshSeed());
+  WriteCheckpoint(dir + "/m.safetensors", {{"w", "BF16", {256, 512}, Bf16Bytes(w), true, ""}});
+  ASSERT_TRUE(PackCheckpoint({dir + "/m.safetensors"}, dir + "/out").ok());
+  absl::StatusOr<PackedCheckpoint> ckpt = PackedCheckpoint::Open(dir + "/out");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  absl::StatusOr<DeviceMatrix> d = ckpt->GetDevice("w");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->rows(), 256);
+  EXPECT_EQ(d->cols(), 512);
+  EXPECT_EQ(d->format(), WeightFormat::kZ12);
+}
+
+TEST(CheckpointTest, NonFiniteWeightsAreRefusedOrKeptOnRequest) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const std::string dir = MakeTempDir();
+  for (uint16_t bad : {uint16_t{0x7FC0}, uint16_t{0x7F80}, uint16_t{0xFF80}, uint16_t{0xFFC1}}) {
+    auto w = RandomMatrix(32, 128, Distribution::kNormal, seed);
+    const int64_t row = static_cast<int64_t>(rng() % 32), col = static_cast<int64_t>(rng() % 128);
+    w[row * 128 + col] = bad;
+    const std::string in = dir + "/nan.safetensors";
+    WriteCheckpoint(in, {{"ok",
+                          "BF16",
+                          {16, 64},
+                          Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, seed)),
+                          true,
+                          ""},
+                         {"bad.weight", "BF16", {32, 128}, Bf16Bytes(w), true, ""}});
+    const std::string out = dir + "/out" + std::to_string(bad);
+    absl::StatusOr<CheckpointPackReport> r = PackCheckpoint({in}, out);
+    ASSERT_FALSE(r.ok());
+    const std::string msg(r.status().message());
+    EXPECT_NE(msg.find(in), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'bad.weight'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("row " + std::to_string(row) + ", col " + std::to_string(col)),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find((bad & 0x7F) ? "NaN" : "Inf"), std::string::npos) << msg;
+    EXPECT_TRUE(ListDir(out).empty()) << "a failed pack left files behind";
+
+    CheckpointPackOptions keep;
+    keep.keep_nonfinite = true;
+    keep.verify = true;
+    r = PackCheckpoint({in}, out, keep);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->tensors.size(), 2u);
+    const TensorPackReport& t = r->tensors[1].name == "bad.weight" ? r->tensors[1] : r->tensors[0];
+    EXPECT_FALSE(t.packed);
+    EXPECT_NE(t.skip_reason.find("non-finite"), std::string::npos) << t.skip_reason;
+    absl::StatusOr<PackedCheckpoint> c = PackedCheckpoint::Open(out);
+    ASSERT_TRUE(c.ok());
+    absl::StatusOr<std::vector<uint16_t>> back = c->GetBf16("bad.weight");
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, w);  // the NaN's payload too
+    EXPECT_TRUE(c->Info("ok")->packed);
+  }
+}
+
+// A raw safetensors file from a header text and data.
+std::string RawFile(const std::string& header, const std::string& data, int64_t claimed = -1) {
+  const uint64_t n = claimed >= 0 ? static_cast<uint64_t>(claimed) : header.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  return out + header + data;
+}
+
+TEST(CheckpointTest, BadInputsAreRefusedAndLeaveNothing) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(seed);
+  const std::string dir = MakeTempDir();
+  const std::string good = dir + "/good.safetensors";
+  const auto m = RandomMatrix(16, 64, Distribution::kNormal, seed);
+  WriteCheckpoint(good, {{"w", "BF16", {16, 64}, Bf16Bytes(m), true, ""}});
+  const std::string good_bytes = ReadAll(good);
+  const std::string data(2048, '\x3c');
+  auto entry = [](const char* name, const char* dtype, const std::string& shape, uint64_t b,
+                  uint64_t e) {
+    return "\"" + std::string(name) + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape +
+           ",\"data_offsets\":[" + std::to_string(b) + "," + std::to_string(e) + "]}";
+  };
+  struct Case {
+    const char* name;
+    std::string bytes;
+    const char* expected;
+    const char* tensor;
+  };
+  const std::vector<Case> cases = {
+      {"truncated file", good_bytes.substr(0, good_bytes.size() - 100), "run past", "w"},
+      {"truncated header", good_bytes.substr(0, 30), "runs past the end", nullptr},
+      {"wrong header length", RawFile("{" + entry("w", "BF16", "[16,64]", 0, 2048) + "}", data, 4),
+       "not valid JSON", nullptr},
+      {"header length too long",
+       RawFile("{" + entry("w", "BF16", "[16,64]", 0, 2048) + "}", data, 5000), "runs past the end",
+       nullptr},
+      {"offsets outside the file",
+       RawFile("{" + entry("w", "BF16", "[16,64]", 1024, 3072) + "}", data), "run past the data",
+       "w"},
+      {"overlapping tensors",
+       RawFile("{" + entry("a", "BF16", "[16,32]", 0, 1024) + "," +
+                   entry("b", "BF16", "[16,32]", 1000, 2024) + "}",
+               data),
+       "overlap", "b"},
+      {"unknown dtype", RawFile("{" + entry("w", "BF15", "[16,64]", 0, 2048) + "}", data),
+       "unknown dtype 'BF15'", "w"},
+      {"size mismatch", RawFile("{" + entry("w", "BF16", "[16,63]", 0, 2048) + "}", data),
+       "needs 2016", "w"},
+  };
+  for (const Case& c : cases) {
+    const std::string bad = dir + "/bad.safetensors";
+    WriteAll(bad, c.bytes);
+    const std::string out = dir + "/out_" + std::to_string(&c - cases.data());
+    // The bad file second, so that a good one has been fully processed first... or not even
+    // started: either way nothing may be published.
+    absl::StatusOr<CheckpointPackReport> r = PackCheckpoint({good, bad}, out);
+    ASSERT_FALSE(r.ok()) << c.name;
+    const std::string msg(r.status().message());
+    EXPECT_NE(msg.find(bad), std::string::npos) << c.name << ": " << msg;
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << c.name << ": " << msg;
+    if (c.tensor != nullptr) {
+      EXPECT_NE(msg.find(std::string("tensor '") + c.tensor + "'"), std::string::npos)
+          << c.name << ": " << msg;
+    }
+    EXPECT_TRUE(ListDir(out).empty()) << c.name;
+  }
+}
+
+TEST(CheckpointTest, ConflictingInputsAreRefused) {
+  const uint64_t seed = FreshSeed();
+  const std::string dir = MakeTempDir();
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, seed));
+  ::mkdir((dir + "/a").c_str(), 0755);
+  ::mkdir((dir + "/b").c_str(), 0755);
+  WriteCheckpoint(dir + "/a/x.safetensors", {{"w", "BF16", {16, 64}, m, true, ""}});
+  WriteCheckpoint(dir + "/b/x.safetensors", {{"v", "BF16", {16, 64}, m, true, ""}});
+  WriteCheckpoint(dir + "/y.safetensors", {{"w", "BF16", {16, 64}, m, true, ""}});
+  // Same file name twice.
+  absl::StatusOr<CheckpointPackReport> r =
+      PackCheckpoint({dir + "/a/x.safetensors", dir + "/b/x.safetensors"}, dir + "/o1");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("both be written"), std::string::npos) << r.status();
+  // Same tensor in two files.
+  r = PackCheckpoint({dir + "/a/x.safetensors", dir + "/y.safetensors"}, dir + "/o2");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("tensor 'w' is in both"), std::string::npos) << r.status();
+  // A tensor named like a packed part of another.
+  WriteCheckpoint(dir + "/z.safetensors", {{"w", "BF16", {16, 64}, m, true, ""},
+                                           {"w.z12.weights", "U8", {4}, "abcd", false, ""}});
+  r = PackCheckpoint({dir + "/z.safetensors"}, dir + "/o3");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'w.z12.weights'"), std::string::npos) << r.status();
+  // An already packed checkpoint.
+  ASSERT_TRUE(PackCheckpoint({dir + "/y.safetensors"}, dir + "/o4").ok());
+  r = PackCheckpoint({dir + "/o4/y.safetensors"}, dir + "/o5");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("already a gemvz packed checkpoint"), std::string::npos);
+  // No inputs, a missing input, an output that is a file.
+  EXPECT_FALSE(PackCheckpoint({}, dir + "/o6").ok());
+  r = PackCheckpoint({dir + "/missing.safetensors"}, dir + "/o6");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("missing.safetensors"), std::string::npos);
+  EXPECT_FALSE(PackCheckpoint({dir + "/y.safetensors"}, dir + "/y.safetensors").ok());
+  for (const char* o : {"/o1", "/o2", "/o3", "/o5", "/o6"}) {
+    EXPECT_TRUE(ListDir(dir + o).empty()) << o;
+  }
+}
+
+TEST(CheckpointTest, CorruptPackedFilesAreCaught) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const std::string dir = MakeTempDir();
+  auto w = RandomMatrix(64, 256, Distribution::kTiny, seed);
+  std::fill(w.begin(), w.begin() + 256, 0);
+  WriteCheckpoint(dir + "/m.safetensors", {{"w", "BF16", {64, 256}, Bf16Bytes(w), true, ""}});
+  ASSERT_TRUE(PackCheckpoint({dir + "/m.safetensors"}, dir + "/out").ok());
+  const std::string path = dir + "/out/m.safetensors";
+  const std::string good = ReadAll(path);
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok());
+  const uint64_t data_offset = (*f)->data_offset();
+  // A flipped bit inside each part's data: that part's checksum fails, naming file and tensor.
+  for (int part = 0; part < internal::kPackedParts; ++part) {
+    const SafetensorsEntry* e = (*f)->Find(internal::PackedPartName("w", part));
+    ASSERT_NE(e, nullptr);
+    if (e->end == e->begin) continue;
+    std::string bytes = good;
+    bytes[data_offset + e->begin + rng() % (e->end - e->begin)] ^=
+        static_cast<char>(1 << (rng() % 8));
+    WriteAll(path, bytes);
+    absl::StatusOr<PackedCheckpoint> c = PackedCheckpoint::Open(path);
+    ASSERT_TRUE(c.ok()) << c.status();  // the header is intact
+    absl::StatusOr<PackedMatrix> p = c->GetPacked("w");
+    ASSERT_FALSE(p.ok()) << "corrupt part " << e->name << " accepted";
+    EXPECT_NE(p.status().message().find("checksum"), std::string::npos) << p.status();
+    EXPECT_NE(p.status().message().find(path), std::string::npos) << p.status();
+    EXPECT_NE(p.status().message().find("'w'"), std::string::npos) << p.status();
+  }
+  // A newer version is refused with a clear message.
+  {
+    std::string bytes = good;
+    const size_t at = bytes.find("\"gemvz.version\":\"1\"");
+    ASSERT_NE(at, std::string::npos);
+    bytes[at + std::strlen("\"gemvz.version\":\"")] = '7';
+    WriteAll(path, bytes);
+    absl::StatusOr<PackedCheckpoint> c = PackedCheckpoint::Open(path);
+    ASSERT_FALSE(c.ok());
+    EXPECT_NE(c.status().message().find("newer"), std::string::npos) << c.status();
+    EXPECT_NE(c.status().message().find(path), std::string::npos) << c.status();
+  }
+  // Fuzzed headers (the metadata JSON strings included): clean errors, never a crash; whatever
+  // opens either reads back exactly or fails cleanly.
+  const size_t header_end = static_cast<size_t>(data_offset);
+  int opened = 0;
+  for (int iter = 0; iter < 1500; ++iter) {
+    std::string bytes = good;
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int k = 0; k < edits; ++k) {
+      const size_t at = 8 + rng() % (header_end - 8);
+      if (rng() % 2) {
+        bytes[at] = static_cast<char>(bytes[at] ^ (1 << (rng() % 8)));
+      } else {
+        bytes[at] = "0123456789{}[],:\"\\ -e."[rng() % 22];
+      }
+    }
+    WriteAll(path, bytes);
+    absl::StatusOr<PackedCheckpoint> c = PackedCheckpoint::Open(path);
+    if (!c.ok()) {
+      EXPECT_NE(c.status().message().find(path), std::string::npos) << c.status();
+      continue;
+    }
+    ++opened;
+    for (const TensorInfo& t : c->tensors()) {
+      if (!t.packed) continue;
+      absl::StatusOr<std::vector<uint16_t>> back = c->GetBf16(t.name);
+      if (back.ok()) EXPECT_EQ(*back, w) << "a corrupt header changed the weights silently";
+    }
+  }
+  EXPECT_GT(opened, 0);
+}
+
+std::string ToolPath() { return GEMVZ_TOOL_PATH; }
+
+// Runs the CLI; returns its exit status and fills stdout/stderr.
+int RunTool(const std::string& args, std::string* out, std::string* err, const std::string& dir) {
+  const std::string o = dir + "/stdout.txt", e = dir + "/stderr.txt";
+  const int rc = std::system((ToolPath() + " " + args + " >" + o + " 2>" + e).c_str());
+  *out = ReadAll(o);
+  *err = ReadAll(e);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+TEST(CheckpointTest, CommandLine) {
+  if (ToolPath().empty() || ::access(ToolPath().c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "the gemvz CLI was not built";
+  }
+  const uint64_t seed = FreshSeed();
+  const std::string dir = MakeTempDir();
+  const auto shards = SyntheticShards(seed);
+  WriteCheckpoint(dir + "/a.safetensors", shards[0]);
+  WriteCheckpoint(dir + "/b.safetensors", shards[1]);
+  std::string out, err;
+  int rc = RunTool("pack " + dir + "/a.safetensors " + dir + "/b.safetensors -o " + dir +
+                       "/packed --verify --j=2 --json=" + dir + "/report.json",
+                   &out, &err, dir);
+  ASSERT_EQ(rc, 0) << out << err;
+  EXPECT_NE(out.find("model.embed_tokens.weight"), std::string::npos) << out;
+  EXPECT_NE(out.find("packed"), std::string::npos) << out;
+  EXPECT_NE(out.find("dtype F32 (only BF16 is packed)"), std::string::npos) << out;
+  EXPECT_NE(out.find("total: packed 4 of 15 tensors"), std::string::npos) << out;
+  EXPECT_NE(out.find("every bit matches"), std::string::npos) << out;
+  EXPECT_NE(err.find("100%"), std::string::npos) << err;
+  const nlohmann::json report = nlohmann::json::parse(ReadAll(dir + "/report.json"));
+  EXPECT_EQ(report["schema"], "gemvz.pack/1");
+  EXPECT_EQ(report["packed_tensors"], 4);
+  EXPECT_EQ(report["tensors"].size(), 15u);
+  EXPECT_TRUE(PackedCheckpoint::Open(dir + "/packed").ok());
+
+  // A bad input: exit 1, the file named, nothing written.
+  WriteAll(dir + "/bad.safetensors", RawFile("{\"w\":{\"dtype\":\"Q8\",\"shape\":[1],"
+                                             "\"data_offsets\":[0,1]}}",
+                                             "x"));
+  rc = RunTool("pack " + dir + "/bad.safetensors -o " + dir + "/packed2", &out, &err, dir);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find(dir + "/bad.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("unknown dtype 'Q8'"), std::string::npos) << err;
+  EXPECT_TRUE(ListDir(dir + "/packed2").empty());
+  // Usage errors: exit 2.
+  EXPECT_EQ(RunTool("pack " + dir + "/a.safetensors", &out, &err, dir), 2);
+  EXPECT_NE(err.find("-o"), std::string::npos) << err;
+  EXPECT_EQ(RunTool("pack -o " + dir + "/x", &out, &err, dir), 2);
+  EXPECT_EQ(RunTool("pack --help", &out, &err, dir), 0);
+  EXPECT_NE(out.find("usage: gemvz pack"), std::string::npos);
+}
+
+// Not a test: writes the ~2 GB synthetic checkpoint that docs/CHECKPOINTS.md measures, to the
+// path in GEMVZ_BIG_CHECKPOINT, one tensor at a time. Run with --gtest_also_run_disabled_tests
+// --gtest_filter='*MakeBigCheckpoint*'.
+TEST(CheckpointTest, DISABLED_MakeBigCheckpoint) {
+  const char* path = std::getenv("GEMVZ_BIG_CHECKPOINT");
+  if (path == nullptr) GTEST_SKIP() << "set GEMVZ_BIG_CHECKPOINT to the output path";
+  // Llama-3-8B-like layers (N(0, 1/K) BF16) and their norms: whole layers up to >= 2 GB.
+  struct Spec {
+    std::string name;
+    int64_t n, k;  // n == 1: a 1-D norm of k values
+  };
+  std::vector<Spec> specs;
+  int64_t total = 0;
+  for (int layer = 0; total < int64_t{2000000000}; ++layer) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
+    for (const Spec& s : {Spec{p + "self_attn.qkv_proj.weight", 6144, 4096},
+                          Spec{p + "self_attn.o_proj.weight", 4096, 4096},
+                          Spec{p + "mlp.gate_proj.weight", 14336, 4096},
+                          Spec{p + "mlp.down_proj.weight", 4096, 14336},
+                          Spec{p + "input_layernorm.weight", 1, 4096}}) {
+      specs.push_back(s);
+      total += s.n * s.k * 2;
+    }
+  }
+  std::vector<SafetensorsEntry> bound;
+  for (const Spec& s : specs) {
+    bound.push_back({s.name, "BF16",
+                     s.n == 1 ? std::vector<int64_t>{s.k} : std::vector<int64_t>{s.n, s.k},
+                     internal::kMaxHeaderNumber, internal::kMaxHeaderNumber});
+  }
+  auto w = SafetensorsWriter::Create(path, internal::SafetensorsHeaderJson(bound, {}).size());
+  ASSERT_TRUE(w.ok()) << w.status();
+  uint64_t seed = 1234;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto m = RandomMatrix(specs[i].n, specs[i].k, Distribution::kNormal, ++seed);
+    ASSERT_TRUE(
+        (*w)->AddTensor(bound[i].name, "BF16", bound[i].shape, m.data(), m.size() * 2).ok());
+  }
+  ASSERT_TRUE((*w)->Finish().ok());
+  ASSERT_TRUE((*w)->Publish().ok());
+  std::printf("wrote %s: %zu tensors, %lld bytes of tensor data\n", path, specs.size(),
+              static_cast<long long>(total));
+}
+
+}  // namespace
+}  // namespace gemvz
