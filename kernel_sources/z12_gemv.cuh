@@ -57,10 +57,14 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
         const int dr = __ldg(p.dense_rows + d);
         dense_mask |= 1u << dr;
         const unsigned short* vals = p.dense_values + static_cast<size_t>(d) * p.K;
-        float c[NB][4];
+        // Two independent accumulators (one per 32-wide half of a group) halve the tensor-core
+        // chain: a dense row's pass must hide under the streaming warps.
+        float c[2][NB][4];
 #pragma unroll
-        for (int nb = 0; nb < NB; nb++) c[nb][0] = c[nb][1] = c[nb][2] = c[nb][3] = 0.f;
-#pragma unroll 2
+        for (int f = 0; f < 2; f++)
+#pragma unroll
+          for (int nb = 0; nb < NB; nb++) c[f][nb][0] = c[f][nb][1] = c[f][nb][2] = c[f][nb][3] = 0.f;
+#pragma unroll 1
         for (int k0 = klo; k0 < khi; k0 += 64) {
           uint4 wa = make_uint4(0, 0, 0, 0), wb = make_uint4(0, 0, 0, 0);
           if (g == 0) {
@@ -73,18 +77,18 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
             const unsigned short* xr = p.x + static_cast<size_t>(tok) * p.ldx + k0 + t * 8;
             const uint4 xa = __ldg(reinterpret_cast<const uint4*>(xr));
             const uint4 xb = __ldg(reinterpret_cast<const uint4*>(xr + 32));
-            mma_bf16(c[nb], make_uint4(wa.x, 0u, wa.y, 0u), xa.x, xa.y);
-            mma_bf16(c[nb], make_uint4(wa.z, 0u, wa.w, 0u), xa.z, xa.w);
-            mma_bf16(c[nb], make_uint4(wb.x, 0u, wb.y, 0u), xb.x, xb.y);
-            mma_bf16(c[nb], make_uint4(wb.z, 0u, wb.w, 0u), xb.z, xb.w);
+            mma_bf16(c[0][nb], make_uint4(wa.x, 0u, wa.y, 0u), xa.x, xa.y);
+            mma_bf16(c[0][nb], make_uint4(wa.z, 0u, wa.w, 0u), xa.z, xa.w);
+            mma_bf16(c[1][nb], make_uint4(wb.x, 0u, wb.y, 0u), xb.x, xb.y);
+            mma_bf16(c[1][nb], make_uint4(wb.z, 0u, wb.w, 0u), xb.z, xb.w);
           }
         }
         __syncwarp();
         if (g == 0) {  // lanes 0-3 hold row 0: tokens nb*8 + 2t and + 1
 #pragma unroll
           for (int nb = 0; nb < NB; nb++) {
-            ecorr[dr][nb * 8 + 2 * t] = c[nb][0];
-            ecorr[dr][nb * 8 + 2 * t + 1] = c[nb][1];
+            ecorr[dr][nb * 8 + 2 * t] = c[0][nb][0] + c[1][nb][0];
+            ecorr[dr][nb * 8 + 2 * t + 1] = c[0][nb][1] + c[1][nb][1];
           }
         }
       }
