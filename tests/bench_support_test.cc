@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/jit/kernel_cache.h"
 
 // The CLI's sources are not part of libgemvz, so the module under test is compiled in here.
 #include "tools/gemvz/bench_support.cc"  // NOLINT(build/include)
@@ -540,7 +541,9 @@ TEST(Environment, TimestampCommitAndPath) {
   EXPECT_FALSE(FindOnPath("sh").empty());
   EXPECT_EQ(FindOnPath("gemvz-no-such-program-" + std::to_string(Rng()())), "");
   const std::string version = NvidiaDriverVersion();  // "" without a driver
-  if (!version.empty()) EXPECT_TRUE(std::isdigit(version[0])) << version;
+  if (!version.empty()) {
+    EXPECT_TRUE(std::isdigit(version[0])) << version;
+  }
 }
 
 TEST(PlotSpeedups, SaysClearlyWhenGnuplotIsMissing) {
@@ -573,6 +576,29 @@ TEST(PlotSpeedups, DrawsAPngWhenGnuplotIsInstalled) {
   char magic[8] = {0};
   in.read(magic, 8);
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+// --- The bandwidth probe kernel ------------------------------------------------------------------
+
+// bench launches kernel_sources/bandwidth_probe.cuh through GetKernelByName; compiling it needs no
+// GPU, so its source, name expression and load path are checked here, where CI runs.
+TEST(BandwidthProbeKernel, CompilesToStreamingLoadsWithoutSpills) {
+  internal::KernelCacheOptions options;
+  options.disk_directory = "";  // memory only: the user's cache is not touched
+  internal::KernelCache cache(options);
+  internal::CompileRequest request;
+  request.arch = "sm_90";
+  request.source_file = "bandwidth_probe.cuh";
+  request.name_expression = "gemvz_bandwidth_probe<4>";
+  request.kernel_name = "bandwidth_probe.cuh:gemvz_bandwidth_probe<4>";
+  absl::StatusOr<std::shared_ptr<const internal::CompiledKernel>> kernel = cache.Get(request);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_FALSE((*kernel)->cubin.empty());
+  EXPECT_NE((*kernel)->lowered_name.find("gemvz_bandwidth_probe"), std::string::npos);
+  EXPECT_NE((*kernel)->ptx.find("ld.global.nc.L1::no_allocate.v4.u32"), std::string::npos);
+  EXPECT_EQ((*kernel)->spill_bytes, 0);
+  EXPECT_GT((*kernel)->registers, 0);
+  EXPECT_LE((*kernel)->registers, 128);  // 512 threads per block must fit
 }
 
 }  // namespace

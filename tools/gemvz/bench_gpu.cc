@@ -37,6 +37,13 @@ uint64_t Mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// A copy from pageable host memory may return before its DMA lands, and it ran on the legacy
+// stream, which the session's non-blocking stream does not wait for: finish it here.
+absl::Status UploadsDone() {
+  CU_RETURN_IF_ERROR(cuCtxSynchronize());
+  return absl::OkStatus();
+}
+
 std::string ShapeLabel(const MatrixShape& shape) {
   return shape.name.empty() ? shape.ToString() : absl::StrCat(shape.name, " ", shape.ToString());
 }
@@ -379,6 +386,7 @@ absl::StatusOr<std::unique_ptr<ShapeWorkload>> ShapeWorkload::Create(
   ASSIGN_OR_RETURN(w->x_, DeviceBuffer::Allocate(x.size() * 2));
   CU_RETURN_IF_ERROR(cuMemcpyHtoD(w->x_.ptr(), x.data(), x.size() * 2));
   ASSIGN_OR_RETURN(w->out_, DeviceBuffer::Allocate(static_cast<size_t>(max_m * n) * 2));
+  RETURN_IF_ERROR(UploadsDone());
   return w;
 }
 
@@ -423,6 +431,7 @@ absl::StatusOr<const std::vector<DeviceMatrix>*> ShapeWorkload::Compressed() {
       copies.push_back(std::move(copy));
     }
   }
+  RETURN_IF_ERROR(UploadsDone());
   compressed_ = std::move(copies);
   return &*compressed_;
 }
@@ -437,6 +446,7 @@ absl::StatusOr<const std::vector<DeviceMatrix>*> ShapeWorkload::Plain() {
                      DeviceMatrix::UploadPlain(weights_.data(), shape_.n, shape_.k, device));
     copies.push_back(std::move(copy));
   }
+  RETURN_IF_ERROR(UploadsDone());
   plain_ = std::move(copies);
   return &*plain_;
 }
@@ -451,6 +461,7 @@ absl::StatusOr<const std::vector<DeviceBuffer>*> ShapeWorkload::Raw() {
     CU_RETURN_IF_ERROR(cuMemcpyHtoD(copy.ptr(), weights_.data(), bytes));
     copies.push_back(std::move(copy));
   }
+  RETURN_IF_ERROR(UploadsDone());
   raw_ = std::move(copies);
   return &*raw_;
 }
