@@ -93,7 +93,8 @@ absl::StatusOr<std::vector<KernelUse>> KernelsNeeded(const std::vector<MatrixSha
       return absl::InvalidArgumentError(
           absl::StrCat("GEMVZ_FORCE_CONFIG: ", parsed.status().message()));
     }
-    forced = *parsed;
+    // Gemv applies it only to matrices of its format; the demo's are z12.
+    if (parsed->format == WeightFormat::kZ12) forced = *parsed;
   }
   for (const MatrixShape& s : shapes) {
     for (const int64_t m : kDemoMs) {
