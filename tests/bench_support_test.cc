@@ -393,6 +393,17 @@ TEST(BenchCase, DerivedNumbers) {
   EXPECT_FALSE(wrong.ok());
   const TimedPath untimed;
   EXPECT_EQ(untimed.TeraBytesPerSecond(), 0.0);
+  EXPECT_EQ(ActivationBytes(8, pooler), 2 * 8 * 8192 + 2 * 8 * 4096);
+}
+
+TEST(Seeds, DependOnTheRunSeedAndTheShapeOnly) {
+  const uint64_t seed = Rng()();
+  const MatrixShape a = SuiteShapes()[0], b = SuiteShapes()[1];
+  EXPECT_EQ(WeightSeed(seed, a), WeightSeed(seed, MatrixShape{"", a.n, a.k}));
+  EXPECT_NE(WeightSeed(seed, a), WeightSeed(seed, b));
+  EXPECT_NE(WeightSeed(seed, a), WeightSeed(seed + 1, a));
+  EXPECT_NE(WeightSeed(seed, a), InputSeed(seed, a));
+  EXPECT_EQ(InputSeed(seed, b), InputSeed(seed, b));
 }
 
 TEST(GeoMeans, OfSpeedupsAndCeilingShares) {

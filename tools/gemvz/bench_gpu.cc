@@ -30,13 +30,6 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
-uint64_t Mix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // A copy from pageable host memory may return before its DMA lands, and it ran on the legacy
 // stream, which the session's non-blocking stream does not wait for: finish it here.
 absl::Status UploadsDone() {
@@ -366,14 +359,6 @@ absl::Status BandwidthProbe::Launch(CUdeviceptr src, int64_t bytes, CUstream str
 
 // --- ShapeWorkload -----------------------------------------------------------------------------
 
-uint64_t WeightSeed(uint64_t seed, const MatrixShape& shape) {
-  return Mix(seed ^ Mix(static_cast<uint64_t>(shape.n) * 0x100000001B3ull ^
-                        static_cast<uint64_t>(shape.k)));
-}
-uint64_t InputSeed(uint64_t seed, const MatrixShape& shape) {
-  return Mix(WeightSeed(seed, shape) ^ 0x5851F42D4C957F2Dull);
-}
-
 absl::StatusOr<std::unique_ptr<ShapeWorkload>> ShapeWorkload::Create(
     GpuSession* session, const MatrixShape& shape, int64_t max_m, const WorkloadOptions& options) {
   std::unique_ptr<ShapeWorkload> w(new ShapeWorkload(session, shape, options));
@@ -567,7 +552,7 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
     c.plain_config = plain_plan.config.ToString();
     c.copies_z12 = static_cast<int>(z->size());
     c.copies_bf16 = static_cast<int>(p->size());
-    const int64_t io_bytes = 2 * m * k + 2 * m * n;
+    const int64_t io_bytes = ActivationBytes(m, shape);
 
     Progress(absl::StrFormat("[bench] %s m=%d: z12 (%s, %s)", label, m, c.config,
                              c.config_source));

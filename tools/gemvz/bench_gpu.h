@@ -138,10 +138,6 @@ struct WorkloadOptions {
   uint64_t seed = 1;
 };
 
-// Seeds of a shape's weights and x, so that demo's host phase and GPU phase see the same data.
-uint64_t WeightSeed(uint64_t seed, const MatrixShape& shape);
-uint64_t InputSeed(uint64_t seed, const MatrixShape& shape);
-
 // One shape on the GPU: random weights N(0, 1/K) and x N(0, 1) (BF16, from the seed), the CPU
 // reference for max_m tokens, and, made on first use, each path's rotated device copies.
 class ShapeWorkload {

@@ -241,6 +241,17 @@ uint64_t RandomSeed() {
   return s == 0 ? 1 : s;
 }
 
+uint64_t WeightSeed(uint64_t seed, const MatrixShape& shape) {
+  uint64_t state = seed ^ (static_cast<uint64_t>(shape.n) * 0x100000001B3ull) ^
+                   static_cast<uint64_t>(shape.k);
+  return SplitMix64(state);
+}
+
+uint64_t InputSeed(uint64_t seed, const MatrixShape& shape) {
+  uint64_t state = WeightSeed(seed, shape) ^ 0x5851F42D4C957F2Dull;
+  return SplitMix64(state);
+}
+
 GemvReference ReferenceGemv(const uint16_t* w, const uint16_t* x, int64_t m, int64_t n, int64_t k,
                             int threads) {
   GemvReference ref;
@@ -342,8 +353,12 @@ ErrorCheck CheckPair(const uint16_t* a, const uint16_t* b, int64_t m, const Gemv
   });
 }
 
-double TimedPath::TeraBytesPerSecond() const {
+double TeraBytesPerSecond(int64_t bytes, double time_us) {
   return time_us > 0 ? static_cast<double>(bytes) / (time_us * 1e-6) / 1e12 : 0;
+}
+
+int64_t ActivationBytes(int64_t m, const MatrixShape& shape) {
+  return 2 * m * shape.k + 2 * m * shape.n;
 }
 
 double BenchCase::PercentOfCeiling(const TimedPath& path) const {

@@ -38,6 +38,10 @@ void FillNormalBf16(uint16_t* out, int64_t count, double stddev, uint64_t seed, 
 std::vector<uint16_t> NormalBf16(int64_t count, double stddev, uint64_t seed, int threads);
 // A fresh seed from the OS, for runs without --seed.
 uint64_t RandomSeed();
+// Seeds of a shape's weights and of its x, derived from the run's seed, so that every command
+// and every phase of the demo draws the same data for the same shape.
+uint64_t WeightSeed(uint64_t seed, const MatrixShape& shape);
+uint64_t InputSeed(uint64_t seed, const MatrixShape& shape);
 
 // out[t, r] = sum_k x[t, k] * w[r, k] in double, with the sums of |x[t, k] * w[r, k]| that the
 // error bound scales with. Both [m, n], row-major. Rows of w are spread over `threads`.
@@ -83,13 +87,18 @@ ErrorCheck CheckPair(const uint16_t* a, const uint16_t* b, int64_t m, const Gemv
 
 // --- Bench results ----------------------------------------------------------------------------
 
+// Bytes per second in units of 10^12; 0 when untimed.
+double TeraBytesPerSecond(int64_t bytes, double time_us);
+// Bytes a GEMV moves besides its weights: x [m, K] read and out [m, N] written, BF16.
+int64_t ActivationBytes(int64_t m, const MatrixShape& shape);
+
 // One timed path of one (shape, m).
 struct TimedPath {
   double time_us = 0;     // median time of one call
   int64_t bytes = 0;      // bytes one call must move: weights (and side tables) + x + out
   double max_err_ratio = -1;  // worst |err| / tol against the CPU reference; -1 unchecked
   bool check_ok = false;
-  double TeraBytesPerSecond() const;  // bytes / time, 0 when untimed
+  double TeraBytesPerSecond() const { return cli::TeraBytesPerSecond(bytes, time_us); }
 };
 
 struct BenchCase {

@@ -201,7 +201,7 @@ bool CompileAll(const std::vector<MatrixShape>& shapes, const std::string& arch,
     return false;
   }
   const JitCounters after_cold = GetJitCounters();
-  std::printf("%-24s %-12s %12s %12s %5s %7s %6s  %s\n", "kernel", "source", "first ms",
+  std::printf("%-24s %-12s %13s %12s %5s %7s %6s  %s\n", "kernel", "source", "first ms",
               "again ms", "regs", "spill B", "smem", "used by");
   bool ok = true;
   for (size_t i = 0; i < uses->size(); ++i) {
@@ -219,7 +219,7 @@ bool CompileAll(const std::vector<MatrixShape>& shapes, const std::string& arch,
       ok = false;
       continue;
     }
-    std::printf("%-24s %-12s %7.1f %-4s %12.3f %5d %7d %6d  %s\n", u.config.KernelName().c_str(),
+    std::printf("%-24s %-12s %7.1f %-5s %12.3f %5d %7d %6d  %s\n", u.config.KernelName().c_str(),
                 u.source.c_str(), first->millis, first->from_disk ? "disk" : "nvrtc", again->millis,
                 first->registers, first->spill_bytes, first->shared_bytes,
                 absl::StrJoin(u.used_by, ", ").c_str());

@@ -214,8 +214,7 @@ void TimeCase(ShapeWorkload* work, const TimingOptions& timing, TuneCase* c) {
   }
   const DeviceMatrix& first = (**copies)[0];
   c->fallback_reason = first.fallback_reason();
-  const int64_t bytes =
-      first.weight_bytes() + 2 * c->m * c->shape.k + 2 * c->m * c->shape.n;
+  const int64_t bytes = first.weight_bytes() + ActivationBytes(c->m, c->shape);
   auto run = [&](Candidate* cand, const GemvOptions& options) {
     cand->bytes = bytes;
     absl::StatusOr<ShapeWorkload::GemvRun> r =
@@ -277,7 +276,7 @@ void PrintCase(const TuneCase& c, int top) {
       break;
     }
     const Candidate& r = *ranked[i];
-    const double tbps = static_cast<double>(r.bytes) / (r.time_us * 1e-6) / 1e12;
+    const double tbps = TeraBytesPerSecond(r.bytes, r.time_us);
     std::printf("  %4zu  %-28s %9.2f %7.2f %9.3fx %5d %7d  %.3f%s\n", i + 1,
                 r.config.ToString().c_str(), r.time_us, tbps,
                 base_us > 0 ? base_us / r.time_us : 0.0, r.compiled ? r.compiled->registers : -1,
@@ -320,7 +319,7 @@ nlohmann::json CandidateJson(const Candidate& c) {
   if (c.ran) {
     j["time_us"] = c.time_us;
     j["bytes"] = c.bytes;
-    j["tbps"] = c.time_us > 0 ? static_cast<double>(c.bytes) / (c.time_us * 1e-6) / 1e12 : 0.0;
+    j["tbps"] = TeraBytesPerSecond(c.bytes, c.time_us);
     j["max_err_ratio"] = c.check.max_ratio;
     j["check_ok"] = c.check.ok();
   }
