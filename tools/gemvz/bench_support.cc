@@ -392,20 +392,35 @@ GeoMeans ComputeGeoMeans(const std::vector<BenchCase>& cases) {
 }
 
 std::string FormatBenchTable(const std::vector<BenchCase>& cases) {
-  std::string out = absl::StrFormat(
-      "%-28s %4s %-24s %8s %8s %8s %8s %7s %7s %7s %7s %7s %7s  %s\n", "shape", "m",
-      "z12 config (source)", "z12 us", "plain us", "cuBLAS", "probe us", "z12TB/s", "ceilTB/s",
-      "z12 %c", "cuBL %c", "xcuBLAS", "xplain", "check");
+  // Column groups: times, achieved bandwidth, share of the probe's ceiling, speedups of z12.
+  constexpr const char* kRow =
+      "%-28s %4s  %-36s %8s %8s %8s %8s  %6s %6s %6s %6s  %6s %6s %6s  %8s %8s  %s\n";
+  // The group labels start where their groups do.
+  std::string out = absl::StrFormat("%-71s %-35s  %-27s  %-20s  %s\n", "", "time per call, us",
+                                    "achieved TB/s", "% of the probe's TB/s", "z12's speedup");
+  absl::StrAppendFormat(&out, kRow, "layer", "m", "z12 config (source)", "z12", "plain",
+                        "cuBLAS", "probe", "z12", "plain", "cuBLAS", "probe", "z12", "plain",
+                        "cuBLAS", "xcuBLAS", "xplain", "check");
   for (const BenchCase& c : cases) {
-    std::string shape = c.shape.name.empty() ? c.shape.ToString()
-                                             : absl::StrCat(c.shape.name, " ", c.shape.ToString());
-    std::string config = absl::StrCat(c.config, " (", c.config_source, ")");
-    if (c.weight_format != "z12") config = absl::StrCat("plain: ", c.config);
-    absl::StrAppendFormat(&out, "%-28s %4d %-24s %8.2f %8.2f %8.2f %8.2f %7.2f %7.2f %6.1f%% %6.1f%% %6.3fx %6.3fx  %s\n",
-                          shape, c.m, config, c.z12.time_us, c.plain.time_us, c.cublas.time_us,
-                          c.probe.time_us, c.z12.TeraBytesPerSecond(), c.CeilingTbps(),
-                          c.PercentOfCeiling(c.z12), c.PercentOfCeiling(c.cublas),
-                          c.SpeedupVsCublas(), c.SpeedupVsPlain(), c.ok() ? "ok" : "WRONG");
+    const std::string shape = c.shape.name.empty()
+                                  ? c.shape.ToString()
+                                  : absl::StrCat(c.shape.name, " ", c.shape.ToString());
+    const std::string config =
+        c.weight_format == "z12" ? absl::StrCat(c.config, " (", c.config_source, ")")
+                                 : absl::StrCat("kept plain: ", c.config);
+    absl::StrAppendFormat(
+        &out, kRow, shape, absl::StrCat(c.m), config, absl::StrFormat("%.2f", c.z12.time_us),
+        absl::StrFormat("%.2f", c.plain.time_us), absl::StrFormat("%.2f", c.cublas.time_us),
+        absl::StrFormat("%.2f", c.probe.time_us),
+        absl::StrFormat("%.2f", c.z12.TeraBytesPerSecond()),
+        absl::StrFormat("%.2f", c.plain.TeraBytesPerSecond()),
+        absl::StrFormat("%.2f", c.cublas.TeraBytesPerSecond()),
+        absl::StrFormat("%.2f", c.CeilingTbps()),
+        absl::StrFormat("%.1f", c.PercentOfCeiling(c.z12)),
+        absl::StrFormat("%.1f", c.PercentOfCeiling(c.plain)),
+        absl::StrFormat("%.1f", c.PercentOfCeiling(c.cublas)),
+        absl::StrFormat("%.3fx", c.SpeedupVsCublas()),
+        absl::StrFormat("%.3fx", c.SpeedupVsPlain()), c.ok() ? "ok" : "WRONG");
   }
   const GeoMeans g = ComputeGeoMeans(cases);
   if (g.count > 0) {
