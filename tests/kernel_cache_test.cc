@@ -4,6 +4,7 @@
 // configurations refused before NVRTC, dumps, and GPU entry points without a driver.
 #include "runtime/jit/kernel_cache.h"
 
+#include <algorithm>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -363,17 +364,20 @@ TEST(KernelCacheTest, TwoProcessesRacingBothSucceedAndLeaveOneEntry) {
 TEST(KernelCacheTest, SizeCapEvictsLeastRecentlyUsed) {
   TempDir dir;
   const std::vector<KernelConfig> configs = DistinctConfigs(4);
-  // Measure one entry, then allow about two and a half.
-  int64_t entry_bytes = 0;
+  // Measure every entry, then allow the two newest plus half of the smallest: three never fit.
+  std::vector<int64_t> sizes;
   {
     TempDir probe;
     KernelCache cache(StandInOptions(probe.path()));
-    auto k = cache.GetForConfig(configs[0], "sm_90");
-    ASSERT_TRUE(k.ok());
-    entry_bytes = FileSize(EntryPath(probe.path(), (*k)->key));
+    for (const KernelConfig& c : configs) {
+      auto k = cache.GetForConfig(c, "sm_90");
+      ASSERT_TRUE(k.ok());
+      sizes.push_back(FileSize(EntryPath(probe.path(), (*k)->key)));
+    }
   }
+  const int64_t smallest = *std::min_element(sizes.begin(), sizes.end());
   KernelCacheOptions o = StandInOptions(dir.path());
-  o.max_disk_bytes = entry_bytes * 5 / 2;
+  o.max_disk_bytes = sizes[2] + sizes[3] + smallest / 2;
   KernelCache cache(o);
   std::vector<std::string> keys;
   for (size_t i = 0; i < configs.size(); ++i) {
@@ -385,7 +389,7 @@ TEST(KernelCacheTest, SizeCapEvictsLeastRecentlyUsed) {
                             {static_cast<time_t>(1000000000 + i), 0}};
     ::utimensat(AT_FDCWD, EntryPath(dir.path(), keys.back()).c_str(), t, 0);
   }
-  // The stand-in entries differ a little in size: at most two fit, the newest always stays.
+  // At most two fit, and the newest always stays.
   const std::vector<std::string> files = ListFiles(dir.Join("kernels"));
   EXPECT_LE(files.size(), 2u);
   EXPECT_GT(FileSize(EntryPath(dir.path(), keys[3])), 0);
