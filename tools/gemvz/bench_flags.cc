@@ -2,7 +2,9 @@
 #include "tools/gemvz/bench_flags.h"
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "tools/gemvz/common_flags.h"
 
 ABSL_FLAG(int, replays, 20, "timed CUDA-graph replays per measurement; the median is reported");
@@ -11,6 +13,8 @@ ABSL_FLAG(int, launches, 64,
 ABSL_FLAG(int64_t, rotate_mb, 512,
           "MiB of weight copies each path rotates through (well above the 60 MB L2)");
 ABSL_FLAG(uint64_t, seed, 0, "random seed for weights and x (0: a fresh one, printed)");
+ABSL_FLAG(std::string, zero_rows, "",
+          "comma-separated rows set to all zeros in the weights (padded-vocabulary rows)");
 
 namespace gemvz::cli {
 
@@ -22,6 +26,9 @@ const char kMeasureFlagsUsage[] =
     "                      launch reads HBM, not L2 (default 512)\n"
     "  --seed=N            seed of the random weights N(0, 1/K) and x N(0, 1); 0 picks a fresh\n"
     "                      one and prints it (default 0)\n"
+    "  --zero_rows=LIST    rows whose weights are all set to zero (padded vocabulary rows), to\n"
+    "                      measure what such rows cost; out-of-range rows are an error\n"
+    "                      (default: none)\n"
     "  --device=N          GPU ordinal (default 0)\n"
     "  --j=N               host threads for generating, packing, compiling and the reference\n"
     "                      (default 0: all cores)\n";
@@ -54,6 +61,14 @@ absl::StatusOr<WorkloadOptions> WorkloadFromFlags(uint64_t seed) {
     return absl::InvalidArgumentError(absl::StrCat("bad --j=", w.threads, ": expected >= 0"));
   }
   w.seed = seed;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_zero_rows), ',', absl::SkipEmpty())) {
+    int64_t row = -1;
+    if (!absl::SimpleAtoi(part, &row) || row < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("bad --zero_rows entry '", part,
+                                                     "': expected a row index >= 0"));
+    }
+    w.zero_rows.push_back(row);
+  }
   return w;
 }
 

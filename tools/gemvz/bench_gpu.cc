@@ -365,6 +365,13 @@ absl::StatusOr<std::unique_ptr<ShapeWorkload>> ShapeWorkload::Create(
   const int64_t n = shape.n, k = shape.k;
   w->weights_ = NormalBf16(n * k, 1.0 / std::sqrt(static_cast<double>(k)),
                            WeightSeed(options.seed, shape), options.threads);
+  for (int64_t row : options.zero_rows) {
+    if (row >= n) {
+      return absl::InvalidArgumentError(absl::StrCat("--zero_rows: row ", row, " is outside ",
+                                                     shape.ToString(), " (", n, " rows)"));
+    }
+    std::fill(w->weights_.begin() + row * k, w->weights_.begin() + (row + 1) * k, uint16_t{0});
+  }
   const std::vector<uint16_t> x =
       NormalBf16(max_m * k, 1.0, InputSeed(options.seed, shape), options.threads);
   w->reference_ = ReferenceGemv(w->weights_.data(), x.data(), max_m, n, k, options.threads);

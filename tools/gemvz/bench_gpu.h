@@ -136,6 +136,7 @@ struct WorkloadOptions {
   int64_t rotate_bytes = int64_t{512} << 20;  // each path's copies together reach this
   int threads = 0;                            // host threads (0: all)
   uint64_t seed = 1;
+  std::vector<int64_t> zero_rows;  // rows of the weights set to all zeros
 };
 
 // One shape on the GPU: random weights N(0, 1/K) and x N(0, 1) (BF16, from the seed), the CPU
