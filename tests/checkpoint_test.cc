@@ -479,6 +479,17 @@ TEST(CheckpointTest, ConflictingInputsAreRefused) {
   r = PackCheckpoint({dir + "/o4/y.safetensors"}, dir + "/o5");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("already a gemvz packed checkpoint"), std::string::npos);
+  // Reserved metadata keys; an output directory that would overwrite the input.
+  WriteCheckpoint(dir + "/r.safetensors", {{"w", "BF16", {16, 64}, m, true, ""}},
+                  {{"gemvz.z12.w", "{}"}});
+  r = PackCheckpoint({dir + "/r.safetensors"}, dir + "/o7");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("reserved"), std::string::npos) << r.status();
+  const std::string y_before = ReadAll(dir + "/y.safetensors");
+  r = PackCheckpoint({dir + "/y.safetensors"}, dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("is the input itself"), std::string::npos) << r.status();
+  EXPECT_EQ(ReadAll(dir + "/y.safetensors"), y_before);
   // No inputs, a missing input, an output that is a file.
   EXPECT_FALSE(PackCheckpoint({}, dir + "/o6").ok());
   r = PackCheckpoint({dir + "/missing.safetensors"}, dir + "/o6");
@@ -486,7 +497,7 @@ TEST(CheckpointTest, ConflictingInputsAreRefused) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(r.status().message().find("missing.safetensors"), std::string::npos);
   EXPECT_FALSE(PackCheckpoint({dir + "/y.safetensors"}, dir + "/y.safetensors").ok());
-  for (const char* o : {"/o1", "/o2", "/o3", "/o5", "/o6"}) {
+  for (const char* o : {"/o1", "/o2", "/o3", "/o5", "/o6", "/o7"}) {
     EXPECT_TRUE(ListDir(dir + o).empty()) << o;
   }
 }

@@ -1,5 +1,7 @@
 // PackCheckpoint: safetensors in, packed safetensors out, one tensor at a time so that memory
 // stays near the size of the largest tensor, never the size of a file.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -362,6 +364,12 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
       return absl::InvalidArgumentError(
           absl::StrCat("'", path, "' is already a gemvz packed checkpoint"));
     }
+    for (const auto& [key, value] : f->metadata()) {
+      if (key.compare(0, 6, "gemvz.") == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("'", path, "': metadata key '", key,
+                                                       "' is reserved for packed checkpoints"));
+      }
+    }
     const std::string base = BaseName(path);
     if (auto [it, ok] = base_names.emplace(base, path); !ok) {
       return absl::InvalidArgumentError(absl::StrCat("inputs '", it->second, "' and '", path,
@@ -379,6 +387,16 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
   }
   if (options.verify) driver.bytes_total_ *= 2;  // every byte is read again to verify it
   RETURN_IF_ERROR(internal::CreateDirectories(out_dir));
+  // Packing into the input's own directory would replace the input with its packed version.
+  for (const auto& f : files) {
+    const std::string out_path = absl::StrCat(out_dir, "/", BaseName(f->path()));
+    struct stat in_st, out_st;
+    if (::stat(f->path().c_str(), &in_st) == 0 && ::stat(out_path.c_str(), &out_st) == 0 &&
+        in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("output '", out_path, "' is the input itself; choose another -o"));
+    }
+  }
 
   // Written and verified under temporary names; published together at the end. Writers that are
   // never published remove their temporary files when destroyed.
