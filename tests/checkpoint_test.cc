@@ -4,6 +4,7 @@
 #include "gemvz/checkpoint.h"
 
 #include <dirent.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,11 +37,33 @@ using internal::SafetensorsEntry;
 using internal::SafetensorsFile;
 using internal::SafetensorsWriter;
 
+// Temporary directories of this test binary, removed when every test has passed (kept for
+// inspection after a failure).
+std::vector<std::string>& TempDirs() {
+  static std::vector<std::string>* dirs = new std::vector<std::string>();
+  return *dirs;
+}
+
+class RemoveTempDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (!::testing::UnitTest::GetInstance()->Passed()) return;
+    for (const std::string& d : TempDirs()) {
+      ::nftw(
+          d.c_str(),
+          [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+          FTW_DEPTH | FTW_PHYS);
+    }
+  }
+};
+const auto* const kRemoveTempDirs = ::testing::AddGlobalTestEnvironment(new RemoveTempDirs());
+
 std::string MakeTempDir() {
   std::string tmpl = ::testing::TempDir() + "/checkpoint_test.XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr) return "";
+  TempDirs().push_back(buf.data());
   return std::string(buf.data());
 }
 

@@ -1,6 +1,7 @@
 // Tests of ValidatePacked and the packed-matrix file format: round trips, and refusal of every
 // truncation, bit flip, wrong magic, future version and broken invariant.
 #include <dirent.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,11 +27,33 @@ using ::gemvz::testing::FreshSeed;
 
 constexpr size_t kHeaderBytes = 276;  // version 1 header, see serialize.cc
 
+// Temporary directories of this test binary, removed when every test has passed (kept for
+// inspection after a failure).
+std::vector<std::string>& TempDirs() {
+  static std::vector<std::string>* dirs = new std::vector<std::string>();
+  return *dirs;
+}
+
+class RemoveTempDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (!::testing::UnitTest::GetInstance()->Passed()) return;
+    for (const std::string& d : TempDirs()) {
+      ::nftw(
+          d.c_str(),
+          [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
+          FTW_DEPTH | FTW_PHYS);
+    }
+  }
+};
+const auto* const kRemoveTempDirs = ::testing::AddGlobalTestEnvironment(new RemoveTempDirs());
+
 std::string MakeTempDir() {
   std::string tmpl = ::testing::TempDir() + "/serialize_test.XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (::mkdtemp(buf.data()) == nullptr) return "";
+  TempDirs().push_back(buf.data());
   return std::string(buf.data());
 }
 
