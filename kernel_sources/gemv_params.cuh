@@ -11,12 +11,13 @@ struct Z12Params {
   const unsigned int* dense_block_offsets;  // [N/16 + 1] into dense_rows
   const unsigned char* dense_rows;          // row within the block
   const unsigned short* dense_values;       // [dense rows][K] original BF16
+  const int* dense_global_rows;             // [dense rows] the row each one is
   void* out;                                // [M][ldo] BF16, or FP32 with flags bit 1
   void* ws;                                 // split-K partials: [N/16][S][NB*32] float4
   int* sem;                                 // [N/16] arrival counters, zero between calls
   long long ldx;
   long long ldo;
-  int M, N, K, S;
+  int M, N, K, S;  // grid: (N/16 + dense rows, S)
   unsigned int tl, th;  // window lookup words
   int flags;            // bit 0: skip the corrections (to measure their cost; wrong results)
                         // bit 1: out is FP32 (partial sums a caller reduces, e.g. tensor parallel)

@@ -1,7 +1,10 @@
 // The compressed GEMV (seed chapter 8): one CTA = one 16-row block x one K slice (blockIdx.y of
 // S). NW streaming warps decode 12-bit weights in registers and feed mma.sync m16n8k16; warp NW
-// applies the exact corrections (sparse entries, and dense rows through the tensor cores) at the
-// same time. PIPE: 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2).
+// applies the exact sparse corrections at the same time. Dense rows (most weights outside the
+// window, e.g. all-zero padded vocabulary rows) get one extra CTA each, past the N/16 row blocks:
+// it computes the row from its original BF16 values with all its threads, in parallel with the
+// rest, and the row block's CTA leaves that row's output to it.
+// PIPE: 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2).
 #pragma once
 
 #include "common.cuh"
@@ -17,8 +20,46 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
   const int M = p.M;
   __shared__ float4 red[NW][NB * 32];
   __shared__ float ecorr[16][NB * 8 + 1];  // +1: 16 lanes writing 16 rows hit 16 banks
-  __shared__ unsigned s_dense;             // bit r: row r is dense (ignore its decoded sum)
+  __shared__ unsigned s_dense;             // bit r: row r is dense (its own CTA stores it)
   __shared__ int s_last;
+
+  if (rb >= p.N / 16) {
+    // ---- A dense row's CTA: out[tok][row] = sum_k orig[k] * x[tok][k], all threads over K in
+    // 16-byte chunks (every load independent: one memory round trip), then a fixed-order sum.
+    if (sidx != 0 || (p.flags & 1)) return;  // once per row, not per K slice
+    const int d = rb - p.N / 16;
+    const int row = __ldg(p.dense_global_rows + d);
+    const unsigned short* vals = p.dense_values + static_cast<size_t>(d) * p.K;
+    float* part = reinterpret_cast<float*>(&red[0][0]);  // [warps][NB*8]; red is large enough
+    const int nwarps = NW + 1;
+    for (int tok = 0; tok < M; tok++) {
+      const unsigned short* xr = p.x + static_cast<size_t>(tok) * p.ldx;
+      float acc = 0.f;
+#pragma unroll 1
+      for (int c = tid; c < p.K / 8; c += nwarps * 32) {
+        const uint4 wv = __ldg(reinterpret_cast<const uint4*>(vals + c * 8));
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + c * 8));
+        acc += __uint_as_float(wv.x << 16) * __uint_as_float(xv.x << 16);
+        acc += __uint_as_float(wv.x & 0xFFFF0000u) * __uint_as_float(xv.x & 0xFFFF0000u);
+        acc += __uint_as_float(wv.y << 16) * __uint_as_float(xv.y << 16);
+        acc += __uint_as_float(wv.y & 0xFFFF0000u) * __uint_as_float(xv.y & 0xFFFF0000u);
+        acc += __uint_as_float(wv.z << 16) * __uint_as_float(xv.z << 16);
+        acc += __uint_as_float(wv.z & 0xFFFF0000u) * __uint_as_float(xv.z & 0xFFFF0000u);
+        acc += __uint_as_float(wv.w << 16) * __uint_as_float(xv.w << 16);
+        acc += __uint_as_float(wv.w & 0xFFFF0000u) * __uint_as_float(xv.w & 0xFFFF0000u);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+      if (lane == 0) part[warp * (NB * 8) + tok] = acc;
+    }
+    __syncthreads();
+    if (tid < M) {
+      float r = 0.f;
+      for (int wi = 0; wi < nwarps; wi++) r += part[wi * (NB * 8) + tid];
+      store_out(p.out, static_cast<size_t>(tid) * p.ldo + row, r, p.flags & 2);
+    }
+    return;
+  }
 
   if (warp == NW) {
     // ---- Exception warp: lane -> (row r, tokens p, p+2, ...); fixed order, so deterministic.
@@ -47,50 +88,11 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
     }
 #pragma unroll
     for (int q = 0; q < NB * 4; q++) ecorr[r][par + 2 * q] = ea[q];
-    unsigned dense_mask = 0;
-    if (corrections) {
-      // Dense rows (most weights outside the window): the row's exact dot product from its
-      // original BF16 values, on the tensor cores with the row in A's row 0 (lanes g == 0), using
-      // the same K relabelling as the streaming warps so x comes in 16-byte loads.
-      const unsigned d0 = __ldg(p.dense_block_offsets + rb), d1 = __ldg(p.dense_block_offsets + rb + 1);
-      for (unsigned d = d0; d < d1; d++) {
-        const int dr = __ldg(p.dense_rows + d);
-        dense_mask |= 1u << dr;
-        const unsigned short* vals = p.dense_values + static_cast<size_t>(d) * p.K;
-        // Two independent accumulators (one per 32-wide half of a group) halve the tensor-core
-        // chain: a dense row's pass must hide under the streaming warps.
-        float c[2][NB][4];
-#pragma unroll
-        for (int f = 0; f < 2; f++)
-#pragma unroll
-          for (int nb = 0; nb < NB; nb++) c[f][nb][0] = c[f][nb][1] = c[f][nb][2] = c[f][nb][3] = 0.f;
-#pragma unroll 1
-        for (int k0 = klo; k0 < khi; k0 += 64) {
-          uint4 wa = make_uint4(0, 0, 0, 0), wb = make_uint4(0, 0, 0, 0);
-          if (g == 0) {
-            wa = __ldg(reinterpret_cast<const uint4*>(vals + k0 + t * 8));
-            wb = __ldg(reinterpret_cast<const uint4*>(vals + k0 + 32 + t * 8));
-          }
-#pragma unroll
-          for (int nb = 0; nb < NB; nb++) {
-            const int tok = min(nb * 8 + g, M - 1);
-            const unsigned short* xr = p.x + static_cast<size_t>(tok) * p.ldx + k0 + t * 8;
-            const uint4 xa = __ldg(reinterpret_cast<const uint4*>(xr));
-            const uint4 xb = __ldg(reinterpret_cast<const uint4*>(xr + 32));
-            mma_bf16(c[0][nb], make_uint4(wa.x, 0u, wa.y, 0u), xa.x, xa.y);
-            mma_bf16(c[0][nb], make_uint4(wa.z, 0u, wa.w, 0u), xa.z, xa.w);
-            mma_bf16(c[1][nb], make_uint4(wb.x, 0u, wb.y, 0u), xb.x, xb.y);
-            mma_bf16(c[1][nb], make_uint4(wb.z, 0u, wb.w, 0u), xb.z, xb.w);
-          }
-        }
-        __syncwarp();
-        if (g == 0) {  // lanes 0-3 hold row 0: tokens nb*8 + 2t and + 1
-#pragma unroll
-          for (int nb = 0; nb < NB; nb++) {
-            ecorr[dr][nb * 8 + 2 * t] = c[0][nb][0] + c[1][nb][0];
-            ecorr[dr][nb * 8 + 2 * t + 1] = c[0][nb][1] + c[1][nb][1];
-          }
-        }
+    unsigned dense_mask = 0;  // rows whose own CTA stores them
+    if (corrections && lane == 0) {
+      const unsigned d1 = __ldg(p.dense_block_offsets + rb + 1);
+      for (unsigned d = __ldg(p.dense_block_offsets + rb); d < d1; d++) {
+        dense_mask |= 1u << __ldg(p.dense_rows + d);
       }
     }
     if (lane == 0) s_dense = dense_mask;
@@ -204,9 +206,6 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
   if (active) {
 #pragma unroll
     for (int wi = 0; wi < NW; wi++) add4(r, red[wi][tid]);
-    const unsigned dm = s_dense;
-    if (dm & (1u << g)) r.x = r.y = 0.f;  // dense row: its decoded weights do not count
-    if (dm & (1u << (g + 8))) r.z = r.w = 0.f;
     r.x += ecorr[g][nbo * 8 + 2 * t];
     r.y += ecorr[g][nbo * 8 + 2 * t + 1];
     r.z += ecorr[g + 8][nbo * 8 + 2 * t];
@@ -222,7 +221,10 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
     for (int q = 0; q < 4; q++) {
       const int tok = nbo * 8 + 2 * t + (q & 1);
       const int row = rb * 16 + g + ((q >> 1) << 3);
-      if (tok < M) store_out(p.out, static_cast<size_t>(tok) * p.ldo + row, rr[q], p.flags & 2);
+      const bool dense_row = (s_dense >> (row & 15)) & 1u;  // stored by the row's own CTA
+      if (tok < M && !dense_row) {
+        store_out(p.out, static_cast<size_t>(tok) * p.ldo + row, rr[q], p.flags & 2);
+      }
     }
   }
 }

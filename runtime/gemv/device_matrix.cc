@@ -97,6 +97,16 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, in
   ASSIGN_OR_RETURN(s->dense_block_offsets, internal::UploadVector(*s, packed.dense_block_offsets));
   ASSIGN_OR_RETURN(s->dense_rows, internal::UploadVector(*s, packed.dense_rows));
   ASSIGN_OR_RETURN(s->dense_values, internal::UploadVector(*s, packed.dense_values));
+  // Each dense row gets a CTA of its own; it needs to know which row it computes.
+  std::vector<int32_t> dense_global_rows;
+  dense_global_rows.reserve(packed.dense_rows.size());
+  for (size_t b = 0; b + 1 < packed.dense_block_offsets.size(); ++b) {
+    for (uint32_t d = packed.dense_block_offsets[b]; d < packed.dense_block_offsets[b + 1]; ++d) {
+      dense_global_rows.push_back(static_cast<int32_t>(b * kRowBlock + packed.dense_rows[d]));
+    }
+  }
+  s->n_dense = static_cast<int64_t>(dense_global_rows.size());
+  ASSIGN_OR_RETURN(s->dense_global_rows, internal::UploadVector(*s, dense_global_rows));
   s->weight_bytes = packed.stats.total_bytes;
   return internal::DeviceMatrixState::Wrap(std::move(s));
 }

@@ -22,6 +22,8 @@ struct DeviceMatrixState {
   // z12
   CUdeviceptr weights = 0, row_offsets = 0, entries = 0, dense_block_offsets = 0, dense_rows = 0,
               dense_values = 0;
+  CUdeviceptr dense_global_rows = 0;  // [n_dense] the matrix row of each dense row
+  int64_t n_dense = 0;
   uint32_t tl = 0, th = 0;
   // bf16: [rows16][ldw] zero-padded
   CUdeviceptr plain = 0;

@@ -172,6 +172,7 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
       zp.dense_block_offsets = reinterpret_cast<const unsigned*>(s.dense_block_offsets);
       zp.dense_rows = reinterpret_cast<const unsigned char*>(s.dense_rows);
       zp.dense_values = reinterpret_cast<const unsigned short*>(s.dense_values);
+      zp.dense_global_rows = reinterpret_cast<const int*>(s.dense_global_rows);
       zp.out = static_cast<char*>(out) + c0 * s.rows * (fp32_out ? 4 : 2);
       zp.ws = reinterpret_cast<void*>(ws->ws);
       zp.sem = reinterpret_cast<int*>(ws->sem);
@@ -201,7 +202,9 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
       bp.flags = fp32_out ? 2 : 0;
       args[0] = &bp;
     }
-    CU_RETURN_IF_ERROR(cuLaunchKernel(kernel.function, static_cast<unsigned>(row_blocks),
+    // z12: one extra CTA per dense row, after the row blocks.
+    const int64_t grid_x = row_blocks + (s.format == WeightFormat::kZ12 ? s.n_dense : 0);
+    CU_RETURN_IF_ERROR(cuLaunchKernel(kernel.function, static_cast<unsigned>(grid_x),
                                       static_cast<unsigned>(config.splits), 1,
                                       static_cast<unsigned>(config.threads()), 1, 1, 0, stream,
                                       args, nullptr));
