@@ -32,25 +32,41 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
     const unsigned short* vals = p.dense_values + static_cast<size_t>(d) * p.K;
     float* part = reinterpret_cast<float*>(&red[0][0]);  // [warps][NB*8]; red is large enough
     const int nwarps = NW + 1;
-    for (int tok = 0; tok < M; tok++) {
-      const unsigned short* xr = p.x + static_cast<size_t>(tok) * p.ldx;
-      float acc = 0.f;
+    // TF tokens' loads in flight at a time: with NB 1 (m <= 8) one at a time already hides
+    // under the row blocks, and the registers matter there (NW 16 with PIPE 2 has 56).
+    constexpr int TF = NB == 1 ? 1 : 4;
+    for (int tok0 = 0; tok0 < M; tok0 += TF) {
+      float acc[TF];
+#pragma unroll
+      for (int j = 0; j < TF; j++) acc[j] = 0.f;
 #pragma unroll 1
       for (int c = tid; c < p.K / 8; c += nwarps * 32) {
         const uint4 wv = __ldg(reinterpret_cast<const uint4*>(vals + c * 8));
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(xr + c * 8));
-        acc += __uint_as_float(wv.x << 16) * __uint_as_float(xv.x << 16);
-        acc += __uint_as_float(wv.x & 0xFFFF0000u) * __uint_as_float(xv.x & 0xFFFF0000u);
-        acc += __uint_as_float(wv.y << 16) * __uint_as_float(xv.y << 16);
-        acc += __uint_as_float(wv.y & 0xFFFF0000u) * __uint_as_float(xv.y & 0xFFFF0000u);
-        acc += __uint_as_float(wv.z << 16) * __uint_as_float(xv.z << 16);
-        acc += __uint_as_float(wv.z & 0xFFFF0000u) * __uint_as_float(xv.z & 0xFFFF0000u);
-        acc += __uint_as_float(wv.w << 16) * __uint_as_float(xv.w << 16);
-        acc += __uint_as_float(wv.w & 0xFFFF0000u) * __uint_as_float(xv.w & 0xFFFF0000u);
+#pragma unroll
+        for (int j = 0; j < TF; j++) {
+          if (tok0 + j < M) {
+            const uint4 xv = __ldg(reinterpret_cast<const uint4*>(
+                p.x + static_cast<size_t>(tok0 + j) * p.ldx + c * 8));
+            float a = acc[j];
+            a += __uint_as_float(wv.x << 16) * __uint_as_float(xv.x << 16);
+            a += __uint_as_float(wv.x & 0xFFFF0000u) * __uint_as_float(xv.x & 0xFFFF0000u);
+            a += __uint_as_float(wv.y << 16) * __uint_as_float(xv.y << 16);
+            a += __uint_as_float(wv.y & 0xFFFF0000u) * __uint_as_float(xv.y & 0xFFFF0000u);
+            a += __uint_as_float(wv.z << 16) * __uint_as_float(xv.z << 16);
+            a += __uint_as_float(wv.z & 0xFFFF0000u) * __uint_as_float(xv.z & 0xFFFF0000u);
+            a += __uint_as_float(wv.w << 16) * __uint_as_float(xv.w << 16);
+            a += __uint_as_float(wv.w & 0xFFFF0000u) * __uint_as_float(xv.w & 0xFFFF0000u);
+            acc[j] = a;
+          }
+        }
       }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
-      if (lane == 0) part[warp * (NB * 8) + tok] = acc;
+      for (int j = 0; j < TF; j++) {
+        float a = acc[j];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, o);
+        if (lane == 0 && tok0 + j < M) part[warp * (NB * 8) + tok0 + j] = a;
+      }
     }
     __syncthreads();
     if (tid < M) {
