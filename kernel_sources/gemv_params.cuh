@@ -17,7 +17,8 @@ struct Z12Params {
   int* sem;                                 // [N/16] arrival counters, zero between calls
   long long ldx;
   long long ldo;
-  int M, N, K, S;  // grid: (N/16 + dense rows, S)
+  int M, N, K, S;  // grid: (n_dense + N/16, S)
+  int n_dense;      // dense rows: blockIdx.x < n_dense computes dense row blockIdx.x
   unsigned int tl, th;  // window lookup words
   int flags;            // bit 0: skip the corrections (to measure their cost; wrong results)
                         // bit 1: out is FP32 (partial sums a caller reduces, e.g. tensor parallel)

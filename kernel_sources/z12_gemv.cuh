@@ -1,7 +1,7 @@
 // The compressed GEMV (seed chapter 8): one CTA = one 16-row block x one K slice (blockIdx.y of
 // S). NW streaming warps decode 12-bit weights in registers and feed mma.sync m16n8k16; warp NW
 // applies the exact sparse corrections at the same time. Dense rows (most weights outside the
-// window, e.g. all-zero padded vocabulary rows) get one extra CTA each, past the N/16 row blocks:
+// window, e.g. all-zero padded vocabulary rows) get one extra CTA each, before the row blocks:
 // it computes the row from its original BF16 values with all its threads, in parallel with the
 // rest, and the row block's CTA leaves that row's output to it.
 // PIPE: 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2).
@@ -15,7 +15,9 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
   using namespace gemvz_dev;
   static_assert(NW >= NB, "the first NB warps do the final reduction");
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int rb = blockIdx.x, sidx = blockIdx.y;
+  // Dense rows' CTAs come first, so they start in the first wave and end long before the last
+  // row block (last, they waited for a free slot and then ran alone: +50 % measured at m = 16).
+  const int rb = static_cast<int>(blockIdx.x) - p.n_dense, sidx = blockIdx.y;
   const int KG = p.K / 64, KGS = KG / p.S, KGW = KGS / NW;
   const int M = p.M;
   __shared__ float4 red[NW][NB * 32];
@@ -23,11 +25,11 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
   __shared__ unsigned s_dense;             // bit r: row r is dense (its own CTA stores it)
   __shared__ int s_last;
 
-  if (rb >= p.N / 16) {
+  if (rb < 0) {
     // ---- A dense row's CTA: out[tok][row] = sum_k orig[k] * x[tok][k], all threads over K in
     // 16-byte chunks (every load independent: one memory round trip), then a fixed-order sum.
     if (sidx != 0 || (p.flags & 1)) return;  // once per row, not per K slice
-    const int d = rb - p.N / 16;
+    const int d = static_cast<int>(blockIdx.x);
     const int row = __ldg(p.dense_global_rows + d);
     const unsigned short* vals = p.dense_values + static_cast<size_t>(d) * p.K;
     float* part = reinterpret_cast<float*>(&red[0][0]);  // [warps][NB*8]; red is large enough

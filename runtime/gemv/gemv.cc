@@ -173,6 +173,7 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
       zp.dense_rows = reinterpret_cast<const unsigned char*>(s.dense_rows);
       zp.dense_values = reinterpret_cast<const unsigned short*>(s.dense_values);
       zp.dense_global_rows = reinterpret_cast<const int*>(s.dense_global_rows);
+      zp.n_dense = static_cast<int>(s.n_dense);
       zp.out = static_cast<char*>(out) + c0 * s.rows * (fp32_out ? 4 : 2);
       zp.ws = reinterpret_cast<void*>(ws->ws);
       zp.sem = reinterpret_cast<int*>(ws->sem);
@@ -202,7 +203,7 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
       bp.flags = fp32_out ? 2 : 0;
       args[0] = &bp;
     }
-    // z12: one extra CTA per dense row, after the row blocks.
+    // z12: one extra CTA per dense row, before the row blocks.
     const int64_t grid_x = row_blocks + (s.format == WeightFormat::kZ12 ? s.n_dense : 0);
     CU_RETURN_IF_ERROR(cuLaunchKernel(kernel.function, static_cast<unsigned>(grid_x),
                                       static_cast<unsigned>(config.splits), 1,
