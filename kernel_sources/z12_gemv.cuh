@@ -35,8 +35,8 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
     float* part = reinterpret_cast<float*>(&red[0][0]);  // [warps][NB*8]; red is large enough
     const int nwarps = NW + 1;
     // TF tokens' loads in flight at a time: with NB 1 (m <= 8) one at a time already hides
-    // under the row blocks, and the registers matter there (NW 16 with PIPE 2 has 56).
-    constexpr int TF = NB == 1 ? 1 : 4;
+    // under the row blocks, and registers are tight (NW 16 kernels hold 56); NB > 1 takes two.
+    constexpr int TF = NB == 1 ? 1 : 2;
     for (int tok0 = 0; tok0 < M; tok0 += TF) {
       float acc[TF];
 #pragma unroll
