@@ -35,8 +35,8 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
     float* part = reinterpret_cast<float*>(&red[0][0]);  // [warps][NB*8]; red is large enough
     const int nwarps = NW + 1;
     // TF tokens' loads in flight at a time: with NB 1 (m <= 8) one at a time already hides
-    // under the row blocks, and registers are tight (NW 16 kernels hold 56); NB > 1 takes two.
-    constexpr int TF = NB == 1 ? 1 : 2;
+    // under the row blocks, and registers are tight (NW 16 kernels hold 56); NB > 1 takes four.
+    constexpr int TF = NB == 1 ? 1 : 4;
     for (int tok0 = 0; tok0 < M; tok0 += TF) {
       float acc[TF];
 #pragma unroll
@@ -46,9 +46,9 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
         const uint4 wv = __ldg(reinterpret_cast<const uint4*>(vals + c * 8));
 #pragma unroll
         for (int j = 0; j < TF; j++) {
-          if (tok0 + j < M) {
+          {  // unconditional (clamped row) so the TF loads issue together; extras are not stored
             const uint4 xv = __ldg(reinterpret_cast<const uint4*>(
-                p.x + static_cast<size_t>(tok0 + j) * p.ldx + c * 8));
+                p.x + static_cast<size_t>(min(tok0 + j, M - 1)) * p.ldx + c * 8));
             float a = acc[j];
             a += __uint_as_float(wv.x << 16) * __uint_as_float(xv.x << 16);
             a += __uint_as_float(wv.x & 0xFFFF0000u) * __uint_as_float(xv.x & 0xFFFF0000u);
