@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "gemvz/config.h"
 #include "gtest/gtest.h"
+#include "runtime/jit/cubin_info.h"
 #include "runtime/jit/kernel_cache.h"
 #include "runtime/jit/nvrtc_compiler.h"
 #include "tests/support/jit_test_util.h"
@@ -187,6 +188,43 @@ TEST(CompilerTest, NvrtcVersionIsKnown) {
   const std::string v = NvrtcVersionString();
   EXPECT_NE(v, "unknown");
   EXPECT_NE(v.find('.'), std::string::npos) << v;
+}
+
+}  // namespace
+}  // namespace gemvz::internal
+
+namespace gemvz::internal {
+namespace {
+
+// The cubin's own register count, frame and shared memory agree with ptxas's report, so the
+// statistics survive a compile whose -v report comes back without the kernel's lines.
+TEST(CubinInfoTest, AgreesWithThePtxasReport) {
+  for (const char* text : {"z12.nw8.ug2.nb2.pipe3", "bf16.nw16.ug1.nb1.pipe2", "z12.nw4.ug1.nb1.pipe1"}) {
+    auto config = KernelConfig::Parse(text);
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto compiled = GetCompiledKernel(*config, "sm_90");
+    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    const CompiledKernel& k = **compiled;
+    auto elf = ReadCubinKernelInfo(k.cubin, k.lowered_name);
+    ASSERT_TRUE(elf.ok()) << elf.status();
+    const PtxasStats log = ParsePtxasLog(k.log, k.lowered_name);
+    ASSERT_GT(log.registers, 0) << text << ": this machine's NVRTC gave a -v report";
+    EXPECT_EQ(elf->registers, log.registers) << text;
+    EXPECT_EQ(elf->shared_bytes, log.shared_bytes) << text;
+    EXPECT_EQ(elf->frame_bytes > 0, log.spill_bytes > 0) << text << ": a frame means spills here";
+  }
+}
+
+TEST(CubinInfoTest, RefusesWhatIsNotACubin) {
+  EXPECT_FALSE(ReadCubinKernelInfo("", "k").ok());
+  EXPECT_FALSE(ReadCubinKernelInfo(std::string(100, 'x'), "k").ok());
+  auto config = KernelConfig::Parse("z12.nw4.ug1.nb1.pipe1");
+  ASSERT_TRUE(config.ok());
+  auto compiled = GetCompiledKernel(*config, "sm_90");
+  ASSERT_TRUE(compiled.ok());
+  const std::string& cubin = (*compiled)->cubin;
+  EXPECT_FALSE(ReadCubinKernelInfo(cubin, "no_such_kernel").ok());
+  EXPECT_FALSE(ReadCubinKernelInfo(cubin.substr(0, cubin.size() / 3), (*compiled)->lowered_name).ok());
 }
 
 }  // namespace

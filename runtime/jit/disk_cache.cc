@@ -1,6 +1,8 @@
 // The on-disk kernel cache (see disk_cache.h).
 #include "runtime/jit/disk_cache.h"
 
+#include "runtime/jit/cubin_info.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -211,6 +213,14 @@ absl::StatusOr<CompiledKernel> ParseEntry(std::string_view bytes, std::string_vi
   if (k.cubin.empty()) return bad("empty cubin");
   if (k.lowered_name.empty()) return bad("empty lowered name");
   k.compile_ms = static_cast<double>(compile_us) / 1000.0;
+  if (k.registers < 0 || k.spill_bytes < 0) {
+    // An entry written while ptxas's report was missing: the cubin has the numbers.
+    if (auto elf = ReadCubinKernelInfo(k.cubin, k.lowered_name); elf.ok()) {
+      k.registers = elf->registers;
+      k.spill_bytes = elf->frame_bytes;
+      k.shared_bytes = elf->shared_bytes;
+    }
+  }
   if (meta != nullptr) *meta = std::move(m);
   return k;
 }

@@ -1,6 +1,8 @@
 // NVRTC compile of one kernel (see nvrtc_compiler.h).
 #include "runtime/jit/nvrtc_compiler.h"
 
+#include "runtime/jit/cubin_info.h"
+
 #include <nvrtc.h>
 #include <sys/stat.h>
 
@@ -317,7 +319,17 @@ absl::StatusOr<CompiledKernel> CompileWithNvrtc(const CompileRequest& request,
     }
   }
 
-  const PtxasStats stats = ParsePtxasLog(log, out.lowered_name);
+  PtxasStats stats = ParsePtxasLog(log, out.lowered_name);
+  if (stats.registers < 0 || stats.spill_bytes < 0) {
+    // ptxas's -v report can come back without the kernel's lines (seen on an H200 host); the
+    // cubin itself always has the register count and the local-memory frame, which for these
+    // kernels (no local arrays, no calls) is their spill space.
+    if (auto elf = ReadCubinKernelInfo(out.cubin, out.lowered_name); elf.ok()) {
+      stats.registers = elf->registers;
+      stats.spill_bytes = elf->frame_bytes;
+      stats.shared_bytes = elf->shared_bytes;
+    }
+  }
   out.registers = stats.registers;
   out.spill_bytes = stats.spill_bytes;
   out.shared_bytes = stats.shared_bytes;
