@@ -26,77 +26,21 @@
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/cuda/driver.h"
 #include "tests/support/random_weights.h"
+#include "tests/support/temp_files.h"
 
 namespace gemvz {
 namespace {
 
+using ::gemvz::testing::ListDir;
+using ::gemvz::testing::MakeTempDir;
+using ::gemvz::testing::ReadAll;
+using ::gemvz::testing::WriteAll;
 using ::gemvz::testing::Distribution;
 using ::gemvz::testing::FreshSeed;
 using ::gemvz::testing::RandomMatrix;
 using internal::SafetensorsEntry;
 using internal::SafetensorsFile;
 using internal::SafetensorsWriter;
-
-// Temporary directories of this test binary, removed when every test has passed (kept for
-// inspection after a failure).
-std::vector<std::string>& TempDirs() {
-  static std::vector<std::string>* dirs = new std::vector<std::string>();
-  return *dirs;
-}
-
-class RemoveTempDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    if (!::testing::UnitTest::GetInstance()->Passed()) return;
-    for (const std::string& d : TempDirs()) {
-      ::nftw(
-          d.c_str(),
-          [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
-          FTW_DEPTH | FTW_PHYS);
-    }
-  }
-};
-const auto* const kRemoveTempDirs = ::testing::AddGlobalTestEnvironment(new RemoveTempDirs());
-
-std::string MakeTempDir() {
-  std::string tmpl = ::testing::TempDir() + "/checkpoint_test.XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (::mkdtemp(buf.data()) == nullptr) return "";
-  TempDirs().push_back(buf.data());
-  return std::string(buf.data());
-}
-
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    ::closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::string s;
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return s;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
-  std::fclose(f);
-  return s;
-}
-
-void WriteAll(const std::string& path, const std::string& bytes) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
-  std::fclose(f);
-}
 
 struct Tensor {
   std::string name, dtype;
@@ -210,7 +154,7 @@ std::vector<std::vector<Tensor>> SyntheticShards(uint64_t seed) {
 TEST(CheckpointTest, PacksVerifiesAndReloadsASyntheticCheckpoint) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("checkpoint_test");
   const auto shards = SyntheticShards(seed);
   const std::vector<std::string> inputs = {dir + "/model-00001-of-00002.safetensors",
                                            dir + "/model-00002-of-00002.safetensors"};
@@ -345,7 +289,7 @@ TEST(CheckpointTest, PacksVerifiesAndReloadsASyntheticCheckpoint) {
 
 TEST(CheckpointTest, DeviceMatrixFromAPackedCheckpoint) {
   if (internal::DeviceCount() == 0) GTEST_SKIP() << "no GPU: DeviceMatrix::Upload needs one";
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("checkpoint_test");
   const auto w = RandomMatrix(256, 512, Distribution::kNormal, FreshSeed());
   WriteCheckpoint(dir + "/m.safetensors", {{"w", "BF16", {256, 512}, Bf16Bytes(w), true, ""}});
   ASSERT_TRUE(PackCheckpoint({dir + "/m.safetensors"}, dir + "/out").ok());
@@ -362,7 +306,7 @@ TEST(CheckpointTest, NonFiniteWeightsAreRefusedOrKeptOnRequest) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);
   std::mt19937_64 rng(seed);
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("checkpoint_test");
   for (uint16_t bad : {uint16_t{0x7FC0}, uint16_t{0x7F80}, uint16_t{0xFF80}, uint16_t{0xFFC1}}) {
     auto w = RandomMatrix(32, 128, Distribution::kNormal, seed);
     const int64_t row = static_cast<int64_t>(rng() % 32), col = static_cast<int64_t>(rng() % 128);
@@ -416,7 +360,7 @@ std::string RawFile(const std::string& header, const std::string& data, int64_t 
 TEST(CheckpointTest, BadInputsAreRefusedAndLeaveNothing) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("checkpoint_test");
   const std::string good = dir + "/good.safetensors";
   const auto m = RandomMatrix(16, 64, Distribution::kNormal, seed);
   WriteCheckpoint(good, {{"w", "BF16", {16, 64}, Bf16Bytes(m), true, ""}});
@@ -475,7 +419,7 @@ TEST(CheckpointTest, BadInputsAreRefusedAndLeaveNothing) {
 
 TEST(CheckpointTest, ConflictingInputsAreRefused) {
   const uint64_t seed = FreshSeed();
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("checkpoint_test");
   const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, seed));
   ::mkdir((dir + "/a").c_str(), 0755);
   ::mkdir((dir + "/b").c_str(), 0755);
@@ -529,7 +473,7 @@ TEST(CheckpointTest, CorruptPackedFilesAreCaught) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);
   std::mt19937_64 rng(seed);
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("checkpoint_test");
   auto w = RandomMatrix(64, 256, Distribution::kTiny, seed);
   std::fill(w.begin(), w.begin() + 256, 0);
   WriteCheckpoint(dir + "/m.safetensors", {{"w", "BF16", {64, 256}, Bf16Bytes(w), true, ""}});
@@ -615,7 +559,7 @@ TEST(CheckpointTest, CommandLine) {
     GTEST_SKIP() << "the gemvz CLI was not built";
   }
   const uint64_t seed = FreshSeed();
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("checkpoint_test");
   const auto shards = SyntheticShards(seed);
   WriteCheckpoint(dir + "/a.safetensors", shards[0]);
   WriteCheckpoint(dir + "/b.safetensors", shards[1]);

@@ -20,73 +20,17 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/random_weights.h"
+#include "tests/support/temp_files.h"
 
 namespace gemvz::internal {
 namespace {
 
+using ::gemvz::testing::ListDir;
+using ::gemvz::testing::MakeTempDir;
+using ::gemvz::testing::ReadAll;
+using ::gemvz::testing::WriteAll;
 using ::gemvz::testing::FreshSeed;
 using Json = nlohmann::json;
-
-// Temporary directories of this test binary, removed when every test has passed (kept for
-// inspection after a failure).
-std::vector<std::string>& TempDirs() {
-  static std::vector<std::string>* dirs = new std::vector<std::string>();
-  return *dirs;
-}
-
-class RemoveTempDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    if (!::testing::UnitTest::GetInstance()->Passed()) return;
-    for (const std::string& d : TempDirs()) {
-      ::nftw(
-          d.c_str(),
-          [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
-          FTW_DEPTH | FTW_PHYS);
-    }
-  }
-};
-const auto* const kRemoveTempDirs = ::testing::AddGlobalTestEnvironment(new RemoveTempDirs());
-
-std::string MakeTempDir() {
-  std::string tmpl = ::testing::TempDir() + "/safetensors_test.XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (::mkdtemp(buf.data()) == nullptr) return "";
-  TempDirs().push_back(buf.data());
-  return std::string(buf.data());
-}
-
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    ::closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::string s;
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return s;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
-  std::fclose(f);
-  return s;
-}
-
-void WriteAll(const std::string& path, const std::string& bytes) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
-  std::fclose(f);
-}
 
 // A raw file: length prefix, header text, data.
 std::string RawFile(const std::string& header, const std::string& data, int64_t claimed_len = -1) {
@@ -181,7 +125,7 @@ void ExpectReferenceLayout(const std::string& path) {
 TEST(SafetensorsTest, WriterRoundTripsThroughTheReader) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("safetensors_test");
   const std::string path = dir + "/x.safetensors";
   const auto ts = SomeTensors(seed);
   const std::map<std::string, std::string> meta = {{"format", "pt"}, {"note", "\"quoted\"\n"}};
@@ -210,7 +154,7 @@ TEST(SafetensorsTest, WriterRoundTripsThroughTheReader) {
 }
 
 TEST(SafetensorsTest, UnpublishedWriterLeavesNothing) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("safetensors_test");
   {
     auto w = SafetensorsWriter::Create(dir + "/y.safetensors", 256);
     ASSERT_TRUE(w.ok());
@@ -264,7 +208,7 @@ struct BadCase {
 };
 
 TEST(SafetensorsTest, BadFilesAreRefusedNamingFileAndTensor) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("safetensors_test");
   const std::string data16(16, '\x11');
   auto entry = [](const char* dtype, const std::string& shape, uint64_t b, uint64_t e) {
     return "{\"dtype\":\"" + std::string(dtype) + "\",\"shape\":" + shape + ",\"data_offsets\":[" +
@@ -368,7 +312,7 @@ TEST(SafetensorsTest, BadFilesAreRefusedNamingFileAndTensor) {
 
 TEST(SafetensorsTest, HeaderAboveTheLimitIsRefused) {
   // A sparse file, so the header length fits inside it without writing 100 MiB.
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("safetensors_test");
   const std::string path = dir + "/huge.safetensors";
   WriteAll(path, RawFile("{}", "", kMaxSafetensorsHeaderBytes + 1));
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(kMaxSafetensorsHeaderBytes + 64)), 0);
@@ -384,7 +328,7 @@ TEST(SafetensorsTest, FuzzedHeadersGiveCleanErrors) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);
   std::mt19937_64 rng(seed);
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("safetensors_test");
   const std::string good_path = dir + "/good.safetensors";
   WriteTensors(good_path, SomeTensors(seed), {{"format", "pt"}});
   const std::string good = ReadAll(good_path);

@@ -19,55 +19,18 @@
 #include "runtime/common/file_util.h"
 #include "runtime/common/hash.h"
 #include "tests/support/random_weights.h"
+#include "tests/support/temp_files.h"
 
 namespace gemvz {
 namespace {
 
+using ::gemvz::testing::ListDir;
+using ::gemvz::testing::MakeTempDir;
+using ::gemvz::testing::ReadAll;
+using ::gemvz::testing::WriteAll;
 using ::gemvz::testing::FreshSeed;
 
 constexpr size_t kHeaderBytes = 276;  // version 1 header, see serialize.cc
-
-// Temporary directories of this test binary, removed when every test has passed (kept for
-// inspection after a failure).
-std::vector<std::string>& TempDirs() {
-  static std::vector<std::string>* dirs = new std::vector<std::string>();
-  return *dirs;
-}
-
-class RemoveTempDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    if (!::testing::UnitTest::GetInstance()->Passed()) return;
-    for (const std::string& d : TempDirs()) {
-      ::nftw(
-          d.c_str(),
-          [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }, 16,
-          FTW_DEPTH | FTW_PHYS);
-    }
-  }
-};
-const auto* const kRemoveTempDirs = ::testing::AddGlobalTestEnvironment(new RemoveTempDirs());
-
-std::string MakeTempDir() {
-  std::string tmpl = ::testing::TempDir() + "/serialize_test.XXXXXX";
-  std::vector<char> buf(tmpl.begin(), tmpl.end());
-  buf.push_back('\0');
-  if (::mkdtemp(buf.data()) == nullptr) return "";
-  TempDirs().push_back(buf.data());
-  return std::string(buf.data());
-}
-
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    ::closedir(d);
-  }
-  return names;
-}
 
 void WriteBytes(const std::string& path, const uint8_t* data, size_t size) {
   FILE* f = std::fopen(path.c_str(), "wb");
@@ -204,7 +167,7 @@ TEST(SerializeTest, RoundTripWithoutSideTables) {
 }
 
 TEST(SerializeTest, SaveLoadRoundTrip) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("serialize_test");
   ASSERT_FALSE(dir.empty());
   const PackedMatrix p = RandomValidMatrix(128, 256, FreshSeed());
   const std::string path = dir + "/m.gemvz";
@@ -230,7 +193,7 @@ TEST(SerializeTest, SaveLoadRoundTrip) {
 TEST(SerializeTest, RoundTripOfPackedMatrices) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("serialize_test");
   using testing::Distribution;
   int i = 0;
   for (Distribution d : {Distribution::kNormal, Distribution::kStudentT3, Distribution::kFullRange,
@@ -271,7 +234,7 @@ TEST(SerializeTest, TruncationIsRefusedAtEveryBoundaryAndRandomLengths) {
     EXPECT_NE(q.status().message().find("truncated"), std::string::npos) << n << ": " << q.status();
   }
   // The same through a file: the error names it.
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("serialize_test");
   const std::string path = dir + "/cut.gemvz";
   for (size_t n : {size_t{0}, size_t{10}, kHeaderBytes - 1, kHeaderBytes, bytes.size() - 1}) {
     WriteBytes(path, bytes.data(), n);
@@ -305,7 +268,7 @@ TEST(SerializeTest, RandomBitFlipsInALargerFileAreRefused) {
   std::mt19937_64 rng(seed);
   const PackedMatrix p = RandomValidMatrix(512, 1024, seed);
   std::vector<uint8_t> bytes = Serialize(p);
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("serialize_test");
   const std::string path = dir + "/flip.gemvz";
   for (int i = 0; i < 200; ++i) {
     const size_t bit = rng() % (bytes.size() * 8);
@@ -421,7 +384,7 @@ TEST(SerializeTest, TrailingBytesAreRefused) {
 }
 
 TEST(SerializeTest, SaveIntoAMissingDirectoryFailsAndLeavesNothing) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("serialize_test");
   const std::string path = dir + "/missing/sub/m.gemvz";
   const absl::Status st = Save(RandomValidMatrix(16, 64, FreshSeed()), path);
   ASSERT_FALSE(st.ok());
@@ -432,7 +395,7 @@ TEST(SerializeTest, SaveIntoAMissingDirectoryFailsAndLeavesNothing) {
 }
 
 TEST(SerializeTest, SaveOfAnInvalidMatrixFailsAndLeavesNothing) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("serialize_test");
   PackedMatrix p = RandomValidMatrix(16, 64, FreshSeed());
   p.row_offsets.pop_back();
   const absl::Status st = Save(p, dir + "/bad.gemvz");
@@ -450,12 +413,12 @@ TEST(SerializeTest, SaveOfAnInvalidMatrixFailsAndLeavesNothing) {
 }
 
 TEST(SerializeTest, LoadOfAMissingFileNamesIt) {
-  const std::string path = MakeTempDir() + "/nope.gemvz";
+  const std::string path = MakeTempDir("serialize_test") + "/nope.gemvz";
   absl::StatusOr<PackedMatrix> q = Load(path);
   ASSERT_FALSE(q.ok());
   EXPECT_EQ(q.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(q.status().message().find(path), std::string::npos) << q.status();
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("serialize_test");
   q = Load(dir);
   ASSERT_FALSE(q.ok());
   EXPECT_NE(q.status().message().find("regular file"), std::string::npos) << q.status();
@@ -582,7 +545,7 @@ TEST(ValidatePackedTest, CatchesEachBrokenInvariant) {
        [](PackedMatrix& p) { p.dense_values[p.cols + 3] = 0x7FC1; }},
       {"dense value Inf", "non-finite BF16", [](PackedMatrix& p) { p.dense_values[0] = 0xFF80; }},
   };
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("serialize_test");
   for (const Breakage& c : cases) {
     PackedMatrix p = good;
     c.apply(p);

@@ -1,0 +1,22 @@
+// Temporary directories and whole-file reads and writes for the storage tests. Directories are
+// removed when every test of the binary has passed and kept for inspection after a failure.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gemvz::testing {
+
+// A fresh directory under the test temp dir, named after `prefix`; "" if it cannot be made.
+std::string MakeTempDir(const std::string& prefix);
+
+// The entries of `dir` (no "." or ".."), sorted.
+std::vector<std::string> ListDir(const std::string& dir);
+
+// The whole file, or "" when it cannot be read.
+std::string ReadAll(const std::string& path);
+
+// Writes `bytes` to `path`, failing the current test on error.
+void WriteAll(const std::string& path, const std::string& bytes);
+
+}  // namespace gemvz::testing
