@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
 
 namespace gemvz::internal {
@@ -36,21 +37,6 @@ constexpr DtypeInfo kDtypes[] = {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-absl::Status ErrnoStatus(const std::string& what) {
-  const int e = errno;
-  const std::string msg = absl::StrCat(what, ": ", std::strerror(e));
-  if (e == ENOENT) return absl::NotFoundError(msg);
-  if (e == EACCES || e == EPERM || e == EROFS) return absl::PermissionDeniedError(msg);
-  return absl::InternalError(msg);
-}
-
-std::string DirName(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
 }
 
 // Reads a JSON value that must be an unsigned integer (nlohmann stores non-negative integers as

@@ -15,8 +15,14 @@ namespace gemvz::internal {
 namespace {
 
 absl::Status ErrnoError(const std::string& what, const std::string& path) {
+  return ErrnoStatus(absl::StrCat(what, " '", path, "'"));
+}
+
+}  // namespace
+
+absl::Status ErrnoStatus(const std::string& what) {
   const int e = errno;
-  const std::string msg = absl::StrCat(what, " '", path, "': ", std::strerror(e));
+  const std::string msg = absl::StrCat(what, ": ", std::strerror(e));
   if (e == ENOENT) return absl::NotFoundError(msg);
   if (e == EACCES || e == EPERM || e == EROFS) return absl::PermissionDeniedError(msg);
   return absl::InternalError(msg);
@@ -28,8 +34,6 @@ std::string DirName(const std::string& path) {
   if (slash == 0) return "/";
   return path.substr(0, slash);
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -25,6 +25,12 @@ absl::Status AtomicWriteFileStreamed(
     const std::function<absl::Status(const std::function<absl::Status(const void*, size_t)>&)>&
         write);
 
+// A Status for the current errno: "<what>: <strerror>", NotFound / PermissionDenied / Internal.
+absl::Status ErrnoStatus(const std::string& what);
+
+// The directory part of `path` ("." when there is none).
+std::string DirName(const std::string& path);
+
 // mkdir -p.
 absl::Status CreateDirectories(const std::string& path);
 
