@@ -1,0 +1,236 @@
+// Two-way tensor parallelism over NCCL (the toolkit's libnccl, opened at run time): output-parallel
+// shards (row blocks) gathered with ncclAllGather, input-parallel shards (column ranges) whose FP32
+// partial outputs are summed with ncclAllReduce, both checked against the same GEMV on one GPU.
+// Needs two GPUs and libnccl; skips, saying which is missing, otherwise.
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gemvz/gemv.h"
+#include "gemvz/runtime.h"
+#include "gemvz/shard.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/driver.h"
+#include "runtime/jit/kernel_cache.h"
+#include "tests/support/gpu_util.h"
+#include "tests/support/random_weights.h"
+
+namespace gemvz {
+namespace {
+
+struct Nccl {
+  decltype(&::ncclCommInitAll) CommInitAll = nullptr;
+  decltype(&::ncclCommDestroy) CommDestroy = nullptr;
+  decltype(&::ncclAllReduce) AllReduce = nullptr;
+  decltype(&::ncclAllGather) AllGather = nullptr;
+  decltype(&::ncclGroupStart) GroupStart = nullptr;
+  decltype(&::ncclGroupEnd) GroupEnd = nullptr;
+  decltype(&::ncclGetErrorString) GetErrorString = nullptr;
+};
+
+// libnccl.so.2 from the loader path or the toolkit; nullptr (with the reason) when absent.
+const Nccl* LoadNccl(std::string* why) {
+  void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) lib = dlopen("/usr/local/cuda/lib64/libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    *why = std::string("libnccl.so.2 not found: ") + dlerror();
+    return nullptr;
+  }
+  auto* n = new Nccl();
+#define GEMVZ_NCCL_SYM(field, name)                                        \
+  n->field = reinterpret_cast<decltype(n->field)>(dlsym(lib, #name));      \
+  if (n->field == nullptr) {                                               \
+    *why = "libnccl.so.2 lacks " #name;                                    \
+    return nullptr;                                                        \
+  }
+  GEMVZ_NCCL_SYM(CommInitAll, ncclCommInitAll)
+  GEMVZ_NCCL_SYM(CommDestroy, ncclCommDestroy)
+  GEMVZ_NCCL_SYM(AllReduce, ncclAllReduce)
+  GEMVZ_NCCL_SYM(AllGather, ncclAllGather)
+  GEMVZ_NCCL_SYM(GroupStart, ncclGroupStart)
+  GEMVZ_NCCL_SYM(GroupEnd, ncclGroupEnd)
+  GEMVZ_NCCL_SYM(GetErrorString, ncclGetErrorString)
+#undef GEMVZ_NCCL_SYM
+  return n;
+}
+
+#define NCCL_ASSERT(call)                                                         \
+  do {                                                                            \
+    const ncclResult_t r_ = (call);                                               \
+    ASSERT_EQ(r_, ncclSuccess) << #call << ": " << nccl->GetErrorString(r_);      \
+  } while (0)
+#define CU_ASSERT(call) ASSERT_EQ((call), CUDA_SUCCESS) << #call
+
+// Per-GPU resources of one run.
+struct Rank {
+  int device = 0;
+  CUcontext ctx = nullptr;
+  CUstream stream = nullptr;
+  DeviceMatrix w;
+  CUdeviceptr x = 0, out = 0, gathered = 0;
+};
+
+TEST(TensorParallel, TwoWayOverNcclMatchesOneGpu) {
+  GEMVZ_REQUIRE_GPU();
+  if (internal::DeviceCount() < 2) {
+    GTEST_SKIP() << "needs two GPUs, found " << internal::DeviceCount();
+  }
+  std::string why;
+  const Nccl* nccl = LoadNccl(&why);
+  if (nccl == nullptr) GTEST_SKIP() << why;
+  setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink multicast can take a host's GPUs out of service
+  const auto& api = **internal::Driver();
+
+  const uint64_t seed = testing::FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t n = 8192, k = 8192, m = 8;
+  auto w = testing::RandomMatrix(n, k, testing::Distribution::kNormal, seed);
+  for (int64_t c = 0; c < k; ++c) w[77 * k + c] = 0;  // a dense row travels with its shard
+  auto x = testing::RandomActivations(m, k, seed + 1);
+  auto packed = Pack(w.data(), n, k);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  std::vector<double> ref, abs_sum;
+  testing::ReferenceGemv(w, x, m, n, k, &ref, &abs_sum);
+
+  int devs[2] = {0, 1};
+  ncclComm_t comms[2];
+  NCCL_ASSERT(nccl->CommInitAll(comms, 2, devs));
+
+  for (bool by_rows : {true, false}) {
+    SCOPED_TRACE(by_rows ? "output-parallel" : "input-parallel");
+    auto shards = by_rows ? SplitRows(*packed, 2) : SplitCols(*packed, 2);
+    ASSERT_TRUE(shards.ok()) << shards.status();
+    Rank ranks[2];
+    for (int i = 0; i < 2; ++i) {
+      Rank& r = ranks[i];
+      r.device = i;
+      auto ctx = internal::PrimaryContext(i);
+      ASSERT_TRUE(ctx.ok());
+      r.ctx = *ctx;
+      CU_ASSERT(api.cuCtxSetCurrent(r.ctx));
+      CU_ASSERT(api.cuStreamCreate(&r.stream, CU_STREAM_NON_BLOCKING));
+      auto dm = DeviceMatrix::Upload((*shards)[i], i);
+      ASSERT_TRUE(dm.ok()) << dm.status();
+      r.w = *dm;
+      const PackedMatrix& s = (*shards)[i];
+      std::vector<uint16_t> xs(m * s.cols);  // this rank's columns of x
+      const int64_t c0 = by_rows ? 0 : i * (*shards)[0].cols;
+      for (int64_t t = 0; t < m; ++t) {
+        std::copy(x.begin() + t * k + c0, x.begin() + t * k + c0 + s.cols, xs.begin() + t * s.cols);
+      }
+      CU_ASSERT(api.cuMemAlloc(&r.x, xs.size() * 2));
+      CU_ASSERT(api.cuMemcpyHtoD(r.x, xs.data(), xs.size() * 2));
+      CU_ASSERT(api.cuMemAlloc(&r.out, m * s.rows * 4));
+      CU_ASSERT(api.cuMemAlloc(&r.gathered, m * n * 4));
+      // Warm-up: module load and workspace, outside the timed region.
+      ASSERT_TRUE(GemvFp32(r.w, reinterpret_cast<uint16_t*>(r.x), m,
+                           reinterpret_cast<float*>(r.out), r.stream).ok());
+      CU_ASSERT(api.cuStreamSynchronize(r.stream));
+    }
+    // Both ranks: GEMV, then the collective that assembles the output.
+    const auto t0 = std::chrono::steady_clock::now();
+    for (Rank& r : ranks) {
+      CU_ASSERT(api.cuCtxSetCurrent(r.ctx));
+      ASSERT_TRUE(GemvFp32(r.w, reinterpret_cast<uint16_t*>(r.x), m,
+                           reinterpret_cast<float*>(r.out), r.stream).ok());
+    }
+    NCCL_ASSERT(nccl->GroupStart());
+    for (int i = 0; i < 2; ++i) {
+      Rank& r = ranks[i];
+      const size_t count = static_cast<size_t>(m * (*shards)[i].rows);
+      if (by_rows) {
+        NCCL_ASSERT(nccl->AllGather(reinterpret_cast<void*>(r.out), reinterpret_cast<void*>(r.gathered),
+                                    count, ncclFloat32, comms[i], r.stream));
+      } else {
+        NCCL_ASSERT(nccl->AllReduce(reinterpret_cast<void*>(r.out), reinterpret_cast<void*>(r.gathered),
+                                    count, ncclFloat32, ncclSum, comms[i], r.stream));
+      }
+    }
+    NCCL_ASSERT(nccl->GroupEnd());
+    for (Rank& r : ranks) CU_ASSERT(api.cuStreamSynchronize(r.stream));
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("[ info ] %s 2-way, %lldx%lld m=%lld: GEMV + collective %.1f us (host wall)\n",
+                by_rows ? "output-parallel" : "input-parallel", static_cast<long long>(n),
+                static_cast<long long>(k), static_cast<long long>(m), us);
+    // Rank 0's assembled output against the reference. AllGather lays out [rank][m][N/2].
+    std::vector<float> got(m * n);
+    CU_ASSERT(api.cuCtxSetCurrent(ranks[0].ctx));
+    CU_ASSERT(api.cuMemcpyDtoH(got.data(), ranks[0].gathered, got.size() * 4));
+    const int64_t half = (*shards)[0].rows;
+    for (int64_t t = 0; t < m; ++t) {
+      for (int64_t row = 0; row < n; ++row) {
+        double v;
+        if (by_rows) {
+          const int rank = row < half ? 0 : 1;
+          const int64_t rows_r = rank == 0 ? half : n - half;
+          v = got[rank * m * half + t * rows_r + (row - rank * half)];
+        } else {
+          v = got[t * n + row];
+        }
+        const double tol = std::ldexp(std::abs(ref[t * n + row]), -12) +
+                           std::ldexp(abs_sum[t * n + row], -16);
+        ASSERT_LE(std::abs(v - ref[t * n + row]), tol) << "token " << t << " row " << row;
+      }
+    }
+    for (Rank& r : ranks) {
+      api.cuCtxSetCurrent(r.ctx);
+      api.cuMemFree(r.x);
+      api.cuMemFree(r.out);
+      api.cuMemFree(r.gathered);
+      api.cuStreamDestroy(r.stream);
+    }
+  }
+  for (ncclComm_t c : comms) nccl->CommDestroy(c);
+}
+
+// The same configuration on two GPUs from two threads: one compile (or disk hit), one module per device,
+// and a DeviceMatrix of one device refuses a stream of the other.
+TEST(TensorParallel, OneCompileOneModulePerDevice) {
+  GEMVZ_REQUIRE_GPU();
+  if (internal::DeviceCount() < 2) {
+    GTEST_SKIP() << "needs two GPUs, found " << internal::DeviceCount();
+  }
+  KernelConfig c{WeightFormat::kZ12, 4, 1, 1, 1, 1};
+  c.ug = 3;  // a kernel no other test of this binary asks for
+  const JitCounters before = GetJitCounters();
+  absl::Status st[2];
+  std::thread t0([&] { st[0] = internal::GetKernel(0, c).status(); });
+  std::thread t1([&] { st[1] = internal::GetKernel(1, c).status(); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(st[0].ok()) << st[0];
+  ASSERT_TRUE(st[1].ok()) << st[1];
+  const JitCounters after = GetJitCounters();
+  // Fetched once (compiled, or found on disk by an earlier run), loaded once per device.
+  EXPECT_EQ((after.compiles - before.compiles) + (after.disk_hits - before.disk_hits), 1);
+  EXPECT_EQ(after.module_loads - before.module_loads, 2);
+
+  const auto& api = **internal::Driver();
+  auto w = testing::RandomMatrix(64, 256, testing::Distribution::kNormal, 5);
+  auto dm = DeviceMatrix::FromBf16(w.data(), 64, 256, /*device=*/0);
+  ASSERT_TRUE(dm.ok());
+  auto ctx1 = internal::PrimaryContext(1);
+  ASSERT_TRUE(ctx1.ok());
+  CU_ASSERT(api.cuCtxSetCurrent(*ctx1));
+  CUstream other;
+  CU_ASSERT(api.cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr x, out;
+  CU_ASSERT(api.cuMemAlloc(&x, 256 * 2));
+  CU_ASSERT(api.cuMemAlloc(&out, 64 * 2));
+  absl::Status wrong = Gemv(*dm, reinterpret_cast<uint16_t*>(x), 1, reinterpret_cast<uint16_t*>(out), other);
+  EXPECT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.message().find("lives on device 0"), std::string::npos) << wrong;
+  api.cuMemFree(x);
+  api.cuMemFree(out);
+  api.cuStreamDestroy(other);
+}
+
+}  // namespace
+}  // namespace gemvz
