@@ -135,30 +135,32 @@ std::vector<std::pair<int64_t, int64_t>> SplitRanges(int64_t extent, int64_t uni
   return out;
 }
 
-absl::StatusOr<std::vector<PackedMatrix>> SplitRows(const PackedMatrix& p, int parts) {
-  if (parts < 1 || p.rows / kRowBlock < parts) {
-    return absl::InvalidArgumentError(absl::StrCat("SplitRows: cannot split ", p.rows / kRowBlock,
-                                                   " row blocks into ", parts, " shards"));
+namespace {
+
+// Splits `extent` (rows or columns) into `parts` shards of whole `unit`s, each made by `shard`.
+template <typename ShardFn>
+absl::StatusOr<std::vector<PackedMatrix>> Split(const PackedMatrix& p, int parts, int64_t extent,
+                                                int64_t unit, const char* what, ShardFn shard) {
+  if (parts < 1 || extent / unit < parts) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot split ", extent / unit, " ", what,
+                                                   " into ", parts, " shards"));
   }
   std::vector<PackedMatrix> out;
-  for (auto [b, e] : SplitRanges(p.rows, kRowBlock, parts)) {
-    ASSIGN_OR_RETURN(PackedMatrix s, ShardRows(p, b, e));
+  for (auto [b, e] : SplitRanges(extent, unit, parts)) {
+    ASSIGN_OR_RETURN(PackedMatrix s, shard(p, b, e));
     out.push_back(std::move(s));
   }
   return out;
 }
 
+}  // namespace
+
+absl::StatusOr<std::vector<PackedMatrix>> SplitRows(const PackedMatrix& p, int parts) {
+  return Split(p, parts, p.rows, kRowBlock, "row blocks", ShardRows);
+}
+
 absl::StatusOr<std::vector<PackedMatrix>> SplitCols(const PackedMatrix& p, int parts) {
-  if (parts < 1 || p.cols / kColGroup < parts) {
-    return absl::InvalidArgumentError(absl::StrCat("SplitCols: cannot split ", p.cols / kColGroup,
-                                                   " column groups into ", parts, " shards"));
-  }
-  std::vector<PackedMatrix> out;
-  for (auto [b, e] : SplitRanges(p.cols, kColGroup, parts)) {
-    ASSIGN_OR_RETURN(PackedMatrix s, ShardCols(p, b, e));
-    out.push_back(std::move(s));
-  }
-  return out;
+  return Split(p, parts, p.cols, kColGroup, "column groups", ShardCols);
 }
 
 }  // namespace gemvz
