@@ -171,6 +171,17 @@ TEST_F(CliTest, UnknownFlagsAndBadValuesFail) {
   }
 }
 
+// Flag names may be spelled with dashes: --zero-rows reaches the zero_rows flag, whose check
+// then names it; a value after '=' keeps its dashes.
+TEST_F(CliTest, DashedFlagNamesAreAccepted) {
+  const Result r = Run({"bench", "--zero-rows=x", "--rotate-mb=64"});
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_CONTAINS(r.err, "bad --zero_rows entry 'x'");
+  const Result dashed_value = Run({"tune", "--config=z12.nw8.ug2.nb1.pipe3.s1", "--shape=4096-8192"});
+  EXPECT_EQ(dashed_value.rc, 2) << dashed_value.err;
+  EXPECT_CONTAINS(dashed_value.err, "4096-8192");
+}
+
 TEST_F(CliTest, BadShapesAndRowCountsFailSayingWhy) {
   for (const char* name : {"demo", "bench", "tune"}) {
     for (const std::string shape : {"4096", "0x64", "axb", "4096x8192x2"}) {

@@ -1,5 +1,6 @@
 // gemvz: the command-line tool. `gemvz help` lists the subcommands; `gemvz CMD --help` explains one.
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -61,6 +62,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   // argv without the command name; --help prints the command's own text, not every absl flag.
+  // Flag names may be written with dashes (--all-default): absl names use underscores.
+  std::vector<std::string> normalized;
+  normalized.reserve(argc);
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i >= 2 && a.size() > 2 && a[0] == '-' && a != "--") {
+      const size_t start = a.find_first_not_of('-');
+      const size_t end = std::min(a.find('='), a.size());
+      for (size_t c = start; c < end; ++c) {
+        if (a[c] == '-') a[c] = '_';
+      }
+    }
+    normalized.push_back(std::move(a));
+  }
+  for (int i = 0; i < argc; ++i) argv[i] = normalized[i].data();
   std::vector<char*> rest = {argv[0]};
   for (int i = 2; i < argc; ++i) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0 ||
