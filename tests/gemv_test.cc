@@ -3,6 +3,7 @@
 // concurrent streams and every error path. Skips cleanly without a GPU.
 #include "gemvz/gemv.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -10,7 +11,9 @@
 #include "gemvz/dispatch.h"
 #include "gemvz/runtime.h"
 #include "gtest/gtest.h"
+#include "kernel_sources/gemv_params.cuh"
 #include "runtime/cuda/driver.h"
+#include "runtime/gemv/device_state.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tests/support/gpu_util.h"
 #include "tests/support/random_weights.h"
@@ -332,6 +335,74 @@ TEST(Gemv, ForcedByEnvironment) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->source, "env");
   EXPECT_EQ(plan->config.ToString(), "z12.nw2.ug4.nb1.pipe1.s2");
+}
+
+}  // namespace
+}  // namespace gemvz
+
+namespace gemvz {
+namespace {
+
+// DESIGN.md asks for the host cost of a cached Gemv call over a bare cuLaunchKernel of the same
+// function. This reports it (no assertion on time; a benchmark number, written to BENCHMARKS.md).
+TEST(Gemv, HostOverheadReport) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  const int64_t n = 4096, k = 4096, m = 1;
+  auto w = testing::RandomMatrix(n, k, Distribution::kNormal, 3);
+  auto dm = DeviceMatrix::FromBf16(w.data(), n, k);
+  ASSERT_TRUE(dm.ok()) << dm.status();
+  DeviceBuffer dx(m * k * 2), dout(m * n * 2);
+  dx.Fill16(0x3C00);
+  auto plan = PlanGemv(*dm, m);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto kernel = internal::GetKernel(0, plan->config);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  CUstream stream;
+  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const internal::DeviceMatrixState& s = *dm->state();
+  Z12Params p{};
+  p.x = dx.as<unsigned short>();
+  p.w = reinterpret_cast<const void*>(s.weights);
+  p.row_offsets = reinterpret_cast<const unsigned*>(s.row_offsets);
+  p.entries = reinterpret_cast<const void*>(s.entries);
+  p.dense_block_offsets = reinterpret_cast<const unsigned*>(s.dense_block_offsets);
+  p.dense_rows = reinterpret_cast<const unsigned char*>(s.dense_rows);
+  p.dense_values = reinterpret_cast<const unsigned short*>(s.dense_values);
+  p.dense_global_rows = reinterpret_cast<const int*>(s.dense_global_rows);
+  p.out = dout.as<void>();
+  p.ldx = k;
+  p.ldo = n;
+  p.M = static_cast<int>(m);
+  p.N = static_cast<int>(n);
+  p.K = static_cast<int>(k);
+  p.S = 1;
+  p.n_dense = static_cast<int>(s.n_dense);
+  p.tl = s.tl;
+  p.th = s.th;
+  void* args[] = {&p};
+  ASSERT_EQ(plan->config.splits, 1) << "the bare launch below has no split-K workspace";
+  constexpr int kCalls = 2000;
+  auto time_calls = [&](auto&& call) {
+    for (int i = 0; i < 100; ++i) call();  // warm
+    api.cuStreamSynchronize(stream);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) call();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    api.cuStreamSynchronize(stream);
+    return us / kCalls;
+  };
+  const double bare = time_calls([&] {
+    ASSERT_EQ(api.cuLaunchKernel(kernel->function, static_cast<unsigned>(s.n_dense + n / 16), 1, 1,
+                                 plan->config.threads(), 1, 1, 0, stream, args, nullptr),
+              CUDA_SUCCESS);
+  });
+  const double gemv = time_calls([&] {
+    ASSERT_TRUE(Gemv(*dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream).ok());
+  });
+  std::printf("[ info ] host time per call, %s: bare cuLaunchKernel %.2f us, Gemv %.2f us "
+              "(overhead %.2f us)\n", plan->config.ToString().c_str(), bare, gemv, gemv - bare);
+  api.cuStreamDestroy(stream);
 }
 
 }  // namespace
