@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <initializer_list>
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
@@ -135,6 +136,23 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
 
 // Removes `path`; a file that is already gone (another process pruned it) is not an error.
 bool RemoveFile(const std::string& path) { return ::unlink(path.c_str()) == 0 || errno == ENOENT; }
+
+// Removes every file of `dirs` for which remove(dir, name, age in seconds) says so; what cannot
+// be listed or stat'ed is left alone.
+template <typename Pred>
+void SweepFiles(std::initializer_list<const std::string*> dirs, Pred remove) {
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  for (const std::string* dir : dirs) {
+    absl::StatusOr<std::vector<std::string>> names = ListDir(*dir);
+    if (!names.ok()) continue;
+    for (const std::string& name : *names) {
+      const std::string path = absl::StrCat(*dir, "/", name);
+      struct stat st;
+      if (::stat(path.c_str(), &st) != 0) continue;
+      if (remove(dir, name, now - static_cast<int64_t>(st.st_mtim.tv_sec))) RemoveFile(path);
+    }
+  }
+}
 
 }  // namespace
 
@@ -380,22 +398,14 @@ absl::StatusOr<PruneResult> DiskCache::Prune(int64_t max_bytes, std::string_view
     r.kept_bytes += e.size_bytes;
   }
   // Sweep what crashed writers left: temporary files, and lock files whose entry is gone.
-  const int64_t now = static_cast<int64_t>(std::time(nullptr));
-  for (const std::string* dir : {&kernels_dir_, &locks_dir_}) {
-    absl::StatusOr<std::vector<std::string>> names = ListDir(*dir);
-    if (!names.ok()) continue;
-    for (const std::string& name : *names) {
-      const std::string path = absl::StrCat(*dir, "/", name);
-      struct stat st;
-      if (::stat(path.c_str(), &st) != 0) continue;
-      const int64_t age = now - static_cast<int64_t>(st.st_mtim.tv_sec);
-      const bool temp = name.find(".tmp.") != std::string::npos && age > kStaleTempSeconds;
-      const bool orphan_lock =
-          dir == &locks_dir_ && EndsWith(name, kLockSuffix) && age > kStaleLockSeconds &&
-          ::access(EntryPath(name.substr(0, name.size() - 5)).c_str(), F_OK) != 0;
-      if (temp || orphan_lock) RemoveFile(path);
-    }
-  }
+  SweepFiles({&kernels_dir_, &locks_dir_}, [&](const std::string* dir, const std::string& name,
+                                              int64_t age) {
+    const bool temp = name.find(".tmp.") != std::string::npos && age > kStaleTempSeconds;
+    const bool orphan_lock =
+        dir == &locks_dir_ && EndsWith(name, kLockSuffix) && age > kStaleLockSeconds &&
+        ::access(EntryPath(name.substr(0, name.size() - 5)).c_str(), F_OK) != 0;
+    return temp || orphan_lock;
+  });
   return r;
 }
 
@@ -411,21 +421,11 @@ absl::StatusOr<int> DiskCache::Clear() {
           absl::StrCat("cannot remove '", e.path, "': ", std::strerror(errno)));
     }
   }
-  const int64_t now = static_cast<int64_t>(std::time(nullptr));
-  for (const std::string* dir : {&kernels_dir_, &locks_dir_}) {
-    absl::StatusOr<std::vector<std::string>> names = ListDir(*dir);
-    if (!names.ok()) continue;
-    for (const std::string& name : *names) {
-      const std::string path = absl::StrCat(*dir, "/", name);
-      struct stat st;
-      if (::stat(path.c_str(), &st) != 0) continue;
-      // A young temporary file may be a live writer's; leave it to finish its rename.
-      const bool temp = name.find(".tmp.") != std::string::npos;
-      if (!temp || now - static_cast<int64_t>(st.st_mtim.tv_sec) > kStaleLockSeconds) {
-        RemoveFile(path);
-      }
-    }
-  }
+  SweepFiles({&kernels_dir_, &locks_dir_}, [](const std::string*, const std::string& name,
+                                             int64_t age) {
+    // A young temporary file may be a live writer's; leave it to finish its rename.
+    return name.find(".tmp.") == std::string::npos || age > kStaleLockSeconds;
+  });
   return removed;
 }
 
