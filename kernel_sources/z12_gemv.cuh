@@ -4,13 +4,16 @@
 // window, e.g. all-zero padded vocabulary rows) get one extra CTA each, before the row blocks:
 // it computes the row from its original BF16 values with all its threads, in parallel with the
 // rest, and the row block's CTA leaves that row's output to it.
-// PIPE: 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2).
+// PIPE: 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2), 4..8 plain loop
+// with minBlocks PIPE - 2 (a register cap that buys more CTAs per SM, so more loads in flight)
+// and two accumulator chains (half the dependent mma latency per trip).
 #pragma once
 
 #include "common.cuh"
 
 template <int NW, int UG, int NB, int PIPE>
-__global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 : 0))
+__global__ void __launch_bounds__((NW + 1) * 32,
+                                  (PIPE == 2 ? 2 : PIPE == 3 ? 1 : PIPE >= 4 ? PIPE - 2 : 0))
     gemvz_z12_kernel(const Z12Params p) {
   using namespace gemvz_dev;
   static_assert(NW >= NB, "the first NB warps do the final reduction");
@@ -130,7 +133,13 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
     for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
     const unsigned TL = p.tl, TH = p.th;
 
-    if constexpr (PIPE == 0 || PIPE == 3) {
+    if constexpr (PIPE == 0 || PIPE >= 3) {
+      // PIPE >= 4: the second half of each group's mma go to a second accumulator, so a trip's
+      // chain of dependent mma is half as long (PIPE 0/3: accb is acc itself, the same code).
+      float acc2[NB][4];
+#pragma unroll
+      for (int nb = 0; nb < NB; nb++) acc2[nb][0] = acc2[nb][1] = acc2[nb][2] = acc2[nb][3] = 0.f;
+      float(&accb)[NB][4] = PIPE >= 4 ? acc2 : acc;
       for (int i = 0; i < KGW; i += UG) {
         uint4 A0[UG], A1[UG], B[UG];
 #pragma unroll
@@ -156,10 +165,16 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 
           for (int nb = 0; nb < NB; nb++) {
             mma_bf16(acc[nb], f0, xa[nb].x, xa[nb].y);
             mma_bf16(acc[nb], f1, xa[nb].z, xa[nb].w);
-            mma_bf16(acc[nb], f2, xb[nb].x, xb[nb].y);
-            mma_bf16(acc[nb], f3, xb[nb].z, xb[nb].w);
+            mma_bf16(accb[nb], f2, xb[nb].x, xb[nb].y);
+            mma_bf16(accb[nb], f3, xb[nb].z, xb[nb].w);
           }
         }
+      }
+      if constexpr (PIPE >= 4) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+          for (int q = 0; q < 4; q++) acc[nb][q] += acc2[nb][q];
       }
     } else {
       uint4 A0[UG], A1[UG], B[UG];

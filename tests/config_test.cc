@@ -153,7 +153,8 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
       {"z12.nw8.ug9.nb1.pipe3", "UG must be in 1..8 (got 9)"},
       {"bf16.nw8.ug2.nb0.pipe3", "NB must be in 1..4 (got 0)"},
       {"bf16.nw8.ug2.nb5.pipe3", "NB must be in 1..4 (got 5)"},
-      {"z12.nw8.ug2.nb2.pipe4", "PIPE must be 0, 1, 2 or 3 (got 4)"},
+      {"z12.nw8.ug2.nb2.pipe9", "PIPE must be in 0..8 (got 9)"},
+      {"bf16.nw8.ug2.nb2.pipe4", "PIPE 4..8 (register-capped plain loop) exists for z12 only"},
       {"z12.nw8.ug2.nb2.pipe3.s0", "S must be at least 1 (got 0)"},
       {"z12.nw2.ug2.nb4.pipe3", "NW >= NB is required"},
   };
@@ -184,8 +185,9 @@ TEST(ConfigTest, ValidateConfigChecksEveryRange) {
       {{WeightFormat::kBf16, 8, 9, 1, 3, 1}, "UG must be in 1..8 (got 9)"},
       {{WeightFormat::kZ12, 8, 2, 0, 3, 1}, "NB must be in 1..4 (got 0)"},
       {{WeightFormat::kZ12, 8, 2, 5, 3, 1}, "NB must be in 1..4 (got 5)"},
-      {{WeightFormat::kZ12, 8, 2, 1, -1, 1}, "PIPE must be 0, 1, 2 or 3 (got -1)"},
-      {{WeightFormat::kZ12, 8, 2, 1, 4, 1}, "PIPE must be 0, 1, 2 or 3 (got 4)"},
+      {{WeightFormat::kZ12, 8, 2, 1, -1, 1}, "PIPE must be in 0..8 (got -1)"},
+      {{WeightFormat::kZ12, 8, 2, 1, 9, 1}, "PIPE must be in 0..8 (got 9)"},
+      {{WeightFormat::kBf16, 8, 2, 1, 4, 1}, "bf16 takes 0..3 (got 4)"},
       {{WeightFormat::kZ12, 8, 2, 1, 3, 0}, "S must be at least 1 (got 0)"},
       {{WeightFormat::kZ12, 8, 2, 1, 3, -3}, "S must be at least 1 (got -3)"},
       {{WeightFormat::kZ12, 3, 2, 4, 3, 1},
@@ -212,6 +214,8 @@ TEST(ConfigTest, ValidateConfigChecksEveryRange) {
     }
   }
   EXPECT_TRUE(ValidateConfig(KernelConfig{WeightFormat::kZ12, 4, 1, 4, 0, 1 << 30}).ok());
+  EXPECT_TRUE(ValidateConfig(KernelConfig{WeightFormat::kZ12, 4, 1, 2, 4, 1}).ok());
+  EXPECT_TRUE(ValidateConfig(KernelConfig{WeightFormat::kZ12, 4, 1, 2, 8, 1}).ok());
 }
 
 TEST(ConfigTest, SharedMemoryMatchesTheKernelsArrays) {

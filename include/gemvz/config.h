@@ -25,7 +25,9 @@ struct KernelConfig {
   int nw = 8;      // streaming warps per CTA (z12 adds one exception warp)
   int ug = 2;      // 64-wide K groups per loop trip
   int nb = 2;      // 8-token blocks per launch: up to 8 * nb activation rows
-  int pipe = 3;    // 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2)
+  // 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2); z12 only: 4..8 plain
+  // loop with minBlocks PIPE - 2 (a register cap for more CTAs per SM) and two accumulator chains.
+  int pipe = 3;
   int splits = 1;  // S: CTAs sharing one row block's K range (split-K)
 
   std::string ToString() const;  // "z12.nw8.ug2.nb2.pipe3.s1"

@@ -30,7 +30,8 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
   for (int nb = nb_min; nb <= std::min(nb_min + 1, internal::kMaxTokenBlocks); ++nb) {
     for (int nw : kSweepNw) {
       for (int ug : kSweepUg) {
-        for (int pipe = 0; pipe <= 3; ++pipe) {
+        // z12's PIPE 4..8 (register caps) are measured like the rest; bf16 has 0..3.
+        for (int pipe = 0; pipe <= (format == WeightFormat::kZ12 ? 8 : 3); ++pipe) {
           for (int s : kSweepSplits) {
             const KernelConfig c{format, nw, ug, nb, pipe, s};
             if (!Validate(c, launch, limits).ok()) continue;
