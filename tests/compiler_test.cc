@@ -197,9 +197,11 @@ namespace gemvz::internal {
 namespace {
 
 // The cubin's own register count, frame and shared memory agree with ptxas's report, so the
-// statistics survive a compile whose -v report comes back without the kernel's lines. A fresh
-// NVRTC compile each time: a kernel from the disk cache carries no report to compare with.
+// statistics survive a compile whose -v report comes back without the kernel's lines (seen on
+// the H200 host for some fresh compiles). A fresh NVRTC compile each time: a kernel from the
+// disk cache carries no report. Every report present must agree; at least one must be present.
 TEST(CubinInfoTest, AgreesWithThePtxasReport) {
+  int compared = 0;
   for (const char* text : {"z12.nw8.ug2.nb2.pipe3", "bf16.nw16.ug1.nb1.pipe2", "z12.nw4.ug1.nb1.pipe1",
                            "z12.nw8.ug1.nb2.pipe5"}) {
     auto config = KernelConfig::Parse(text);
@@ -208,12 +210,20 @@ TEST(CubinInfoTest, AgreesWithThePtxasReport) {
     ASSERT_FALSE(k.cubin.empty()) << text;
     auto elf = ReadCubinKernelInfo(k.cubin, k.lowered_name);
     ASSERT_TRUE(elf.ok()) << elf.status();
+    EXPECT_GT(elf->registers, 0) << text;
+    EXPECT_EQ(k.registers, elf->registers) << text << ": the compile's statistics are the cubin's";
     const PtxasStats log = ParsePtxasLog(k.log, k.lowered_name);
-    ASSERT_GT(log.registers, 0) << text << ": this machine's NVRTC gave a -v report";
+    if (log.registers <= 0) {
+      std::printf("[ info ] %s: the -v report has no lines for %s; its first 600 bytes:\n%s\n",
+                  text, k.lowered_name.c_str(), k.log.substr(0, 600).c_str());
+      continue;
+    }
+    ++compared;
     EXPECT_EQ(elf->registers, log.registers) << text;
     EXPECT_EQ(elf->shared_bytes, log.shared_bytes) << text;
     EXPECT_EQ(elf->frame_bytes > 0, log.spill_bytes > 0) << text << ": a frame means spills here";
   }
+  EXPECT_GT(compared, 0) << "no compile came with a ptxas -v report";
 }
 
 TEST(CubinInfoTest, RefusesWhatIsNotACubin) {
