@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -156,7 +157,8 @@ TEST(TensorParallel, TwoWayOverNcclMatchesOneGpu) {
     for (Rank& r : ranks) CU_ASSERT(api.cuStreamSynchronize(r.stream));
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("[ info ] %s 2-way, %lldx%lld m=%lld: GEMV + collective %.1f us (host wall)\n",
+    std::printf("[ info ] %s 2-way, %lldx%lld m=%lld: GEMV + collective %.1f us (host wall, one "
+                "first call with NCCL's lazy setup; ShardSpeedAgainstOneGpu measures speed)\n",
                 by_rows ? "output-parallel" : "input-parallel", static_cast<long long>(n),
                 static_cast<long long>(k), static_cast<long long>(m), us);
     // Rank 0's assembled output against the reference. AllGather lays out [rank][m][N/2].
@@ -186,6 +188,133 @@ TEST(TensorParallel, TwoWayOverNcclMatchesOneGpu) {
       api.cuMemFree(r.gathered);
       api.cuStreamDestroy(r.stream);
     }
+  }
+  for (ncclComm_t c : comms) nccl->CommDestroy(c);
+}
+
+// Speed: a large layer (packed shards well above the 60 MB L2) on one GPU against its two
+// shards on two GPUs, each rank alone, both at once, and both with the collective that
+// assembles the output. Host-timed over many calls on each rank's stream (median of repeats);
+// printed for docs/BENCHMARKS.md. Correctness of the same path is the test above.
+TEST(TensorParallel, ShardSpeedAgainstOneGpu) {
+  GEMVZ_REQUIRE_GPU();
+  if (internal::DeviceCount() < 2) {
+    GTEST_SKIP() << "needs two GPUs, found " << internal::DeviceCount();
+  }
+  std::string why;
+  const Nccl* nccl = LoadNccl(&why);
+  if (nccl == nullptr) GTEST_SKIP() << why;
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const auto& api = **internal::Driver();
+  const int64_t n = 28672, k = 8192, max_m = 16;
+  auto w = testing::RandomMatrix(n, k, testing::Distribution::kNormal, testing::FreshSeed());
+  auto packed = Pack(w.data(), n, k);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  w.clear();
+  int devs[2] = {0, 1};
+  ncclComm_t comms[2];
+  NCCL_ASSERT(nccl->CommInitAll(comms, 2, devs));
+
+  // Per device: context, stream, x (all of K: column shards read their slice through ldx-free
+  // copies below), FP32 out and the assembled output.
+  struct Dev {
+    CUcontext ctx = nullptr;
+    CUstream stream = nullptr;
+    CUdeviceptr x = 0, out = 0, full = 0;
+  } dev[2];
+  for (int i = 0; i < 2; ++i) {
+    auto ctx = internal::PrimaryContext(i);
+    ASSERT_TRUE(ctx.ok());
+    dev[i].ctx = *ctx;
+    CU_ASSERT(api.cuCtxSetCurrent(dev[i].ctx));
+    CU_ASSERT(api.cuStreamCreate(&dev[i].stream, CU_STREAM_NON_BLOCKING));
+    const auto xs = testing::RandomActivations(max_m, k, 7 + i);
+    CU_ASSERT(api.cuMemAlloc(&dev[i].x, xs.size() * 2));
+    CU_ASSERT(api.cuMemcpyHtoD(dev[i].x, xs.data(), xs.size() * 2));
+    CU_ASSERT(api.cuMemAlloc(&dev[i].out, max_m * n * 4));
+    CU_ASSERT(api.cuMemAlloc(&dev[i].full, max_m * n * 4));
+  }
+  // Median over repeats of the per-call time of `calls` rounds of `round` on the given devices.
+  auto median_us = [&](const std::vector<int>& on, auto&& round) {
+    constexpr int kCalls = 200, kRepeats = 5;
+    std::vector<double> t;
+    for (int rep = 0; rep <= kRepeats; ++rep) {  // the first repeat warms up
+      for (int d : on) {
+        api.cuCtxSetCurrent(dev[d].ctx);
+        api.cuStreamSynchronize(dev[d].stream);
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int c = 0; c < kCalls; ++c) round();
+      for (int d : on) {
+        api.cuCtxSetCurrent(dev[d].ctx);
+        api.cuStreamSynchronize(dev[d].stream);
+      }
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (rep > 0) t.push_back(us / kCalls);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  auto gemv = [&](const DeviceMatrix& dm, int d, int64_t m) {
+    api.cuCtxSetCurrent(dev[d].ctx);
+    const absl::Status st = GemvFp32(dm, reinterpret_cast<uint16_t*>(dev[d].x), m,
+                                     reinterpret_cast<float*>(dev[d].out), dev[d].stream);
+    EXPECT_TRUE(st.ok()) << st;
+  };
+
+  auto whole = DeviceMatrix::Upload(*packed, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  for (int64_t m : {1, 8, 16}) {
+    const double one = median_us({0}, [&] { gemv(*whole, 0, m); });
+    std::printf("[ info ] %lldx%lld m=%lld: one GPU %.2f us\n", static_cast<long long>(n),
+                static_cast<long long>(k), static_cast<long long>(m), one);
+  }
+  for (bool by_rows : {true, false}) {
+    auto shards = by_rows ? SplitRows(*packed, 2) : SplitCols(*packed, 2);
+    ASSERT_TRUE(shards.ok()) << shards.status();
+    std::vector<DeviceMatrix> dm;
+    for (int i = 0; i < 2; ++i) {
+      auto u = DeviceMatrix::Upload((*shards)[i], i);
+      ASSERT_TRUE(u.ok()) << u.status();
+      dm.push_back(*u);
+    }
+    const char* name = by_rows ? "output-parallel (rows)" : "input-parallel (columns)";
+    for (int64_t m : {1, 8, 16}) {
+      const double r0 = median_us({0}, [&] { gemv(dm[0], 0, m); });
+      const double r1 = median_us({1}, [&] { gemv(dm[1], 1, m); });
+      const double both = median_us({0, 1}, [&] {
+        gemv(dm[0], 0, m);
+        gemv(dm[1], 1, m);
+      });
+      const double with_collective = median_us({0, 1}, [&] {
+        gemv(dm[0], 0, m);
+        gemv(dm[1], 1, m);
+        EXPECT_EQ(nccl->GroupStart(), ncclSuccess);
+        for (int i = 0; i < 2; ++i) {
+          const size_t count = static_cast<size_t>(m * (*shards)[i].rows);
+          const ncclResult_t r =
+              by_rows ? nccl->AllGather(reinterpret_cast<void*>(dev[i].out),
+                                        reinterpret_cast<void*>(dev[i].full), count, ncclFloat32,
+                                        comms[i], dev[i].stream)
+                      : nccl->AllReduce(reinterpret_cast<void*>(dev[i].out),
+                                        reinterpret_cast<void*>(dev[i].full), count, ncclFloat32,
+                                        ncclSum, comms[i], dev[i].stream);
+          EXPECT_EQ(r, ncclSuccess) << nccl->GetErrorString(r);
+        }
+        EXPECT_EQ(nccl->GroupEnd(), ncclSuccess);
+      });
+      std::printf("[ info ] %s %lldx%lld m=%lld: rank 0 alone %.2f us, rank 1 alone %.2f us, both "
+                  "at once %.2f us, with the collective %.2f us\n",
+                  name, static_cast<long long>(n), static_cast<long long>(k),
+                  static_cast<long long>(m), r0, r1, both, with_collective);
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    api.cuCtxSetCurrent(dev[i].ctx);
+    api.cuMemFree(dev[i].x);
+    api.cuMemFree(dev[i].out);
+    api.cuMemFree(dev[i].full);
+    api.cuStreamDestroy(dev[i].stream);
   }
   for (ncclComm_t c : comms) nccl->CommDestroy(c);
 }
