@@ -166,8 +166,7 @@ TEST(Shard, ShardsOnOneGpu) {
 }
 
 TEST(Shard, ShardsOnTwoGpus) {
-  GEMVZ_REQUIRE_GPU();
-  if (internal::DeviceCount() < 2) GTEST_SKIP() << "needs two GPUs, found " << internal::DeviceCount();
+  GEMVZ_REQUIRE_GPUS(2);
   RunShards(2);
 }
 

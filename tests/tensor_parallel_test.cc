@@ -44,11 +44,11 @@ const Nccl* LoadNccl(std::string* why) {
     return nullptr;
   }
   auto* n = new Nccl();
-#define GEMVZ_NCCL_SYM(field, name)                                        \
-  n->field = reinterpret_cast<decltype(n->field)>(dlsym(lib, #name));      \
-  if (n->field == nullptr) {                                               \
-    *why = "libnccl.so.2 lacks " #name;                                    \
-    return nullptr;                                                        \
+#define GEMVZ_NCCL_SYM(field, name)                                   \
+  n->field = reinterpret_cast<decltype(n->field)>(dlsym(lib, #name)); \
+  if (n->field == nullptr) {                                          \
+    *why = "libnccl.so.2 lacks " #name;                               \
+    return nullptr;                                                   \
   }
   GEMVZ_NCCL_SYM(CommInitAll, ncclCommInitAll)
   GEMVZ_NCCL_SYM(CommDestroy, ncclCommDestroy)
@@ -61,10 +61,18 @@ const Nccl* LoadNccl(std::string* why) {
   return n;
 }
 
-#define NCCL_ASSERT(call)                                                         \
-  do {                                                                            \
-    const ncclResult_t r_ = (call);                                               \
-    ASSERT_EQ(r_, ncclSuccess) << #call << ": " << nccl->GetErrorString(r_);      \
+// Declares `nccl`, the loaded library, or skips the test saying why it is missing; and keeps
+// NVLink multicast off, which can take a host's GPUs out of service.
+#define REQUIRE_NCCL(nccl)                         \
+  std::string nccl##_why;                          \
+  const Nccl* nccl = LoadNccl(&nccl##_why);        \
+  if (nccl == nullptr) GTEST_SKIP() << nccl##_why; \
+  setenv("NCCL_NVLS_ENABLE", "0", 1)
+
+#define NCCL_ASSERT(call)                                                    \
+  do {                                                                       \
+    const ncclResult_t r_ = (call);                                          \
+    ASSERT_EQ(r_, ncclSuccess) << #call << ": " << nccl->GetErrorString(r_); \
   } while (0)
 #define CU_ASSERT(call) ASSERT_EQ((call), CUDA_SUCCESS) << #call
 
@@ -77,15 +85,29 @@ struct Rank {
   CUdeviceptr x = 0, out = 0, gathered = 0;
 };
 
+// Device `device`'s primary context, made current, and a stream on it.
+void OpenRank(Rank& r, int device) {
+  const auto& api = **internal::Driver();
+  r.device = device;
+  auto ctx = internal::PrimaryContext(device);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  r.ctx = *ctx;
+  CU_ASSERT(api.cuCtxSetCurrent(r.ctx));
+  CU_ASSERT(api.cuStreamCreate(&r.stream, CU_STREAM_NON_BLOCKING));
+}
+
+void ReleaseRank(Rank& r) {
+  const auto& api = **internal::Driver();
+  api.cuCtxSetCurrent(r.ctx);
+  api.cuMemFree(r.x);
+  api.cuMemFree(r.out);
+  api.cuMemFree(r.gathered);
+  api.cuStreamDestroy(r.stream);
+}
+
 TEST(TensorParallel, TwoWayOverNcclMatchesOneGpu) {
-  GEMVZ_REQUIRE_GPU();
-  if (internal::DeviceCount() < 2) {
-    GTEST_SKIP() << "needs two GPUs, found " << internal::DeviceCount();
-  }
-  std::string why;
-  const Nccl* nccl = LoadNccl(&why);
-  if (nccl == nullptr) GTEST_SKIP() << why;
-  setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink multicast can take a host's GPUs out of service
+  GEMVZ_REQUIRE_GPUS(2);
+  REQUIRE_NCCL(nccl);
   const auto& api = **internal::Driver();
 
   const uint64_t seed = testing::FreshSeed();
@@ -110,12 +132,7 @@ TEST(TensorParallel, TwoWayOverNcclMatchesOneGpu) {
     Rank ranks[2];
     for (int i = 0; i < 2; ++i) {
       Rank& r = ranks[i];
-      r.device = i;
-      auto ctx = internal::PrimaryContext(i);
-      ASSERT_TRUE(ctx.ok());
-      r.ctx = *ctx;
-      CU_ASSERT(api.cuCtxSetCurrent(r.ctx));
-      CU_ASSERT(api.cuStreamCreate(&r.stream, CU_STREAM_NON_BLOCKING));
+      ASSERT_NO_FATAL_FAILURE(OpenRank(r, i));
       auto dm = DeviceMatrix::Upload((*shards)[i], i);
       ASSERT_TRUE(dm.ok()) << dm.status();
       r.w = *dm;
@@ -131,7 +148,8 @@ TEST(TensorParallel, TwoWayOverNcclMatchesOneGpu) {
       CU_ASSERT(api.cuMemAlloc(&r.gathered, m * n * 4));
       // Warm-up: module load and workspace, outside the timed region.
       ASSERT_TRUE(GemvFp32(r.w, reinterpret_cast<uint16_t*>(r.x), m,
-                           reinterpret_cast<float*>(r.out), r.stream).ok());
+                           reinterpret_cast<float*>(r.out), r.stream)
+                      .ok());
       CU_ASSERT(api.cuStreamSynchronize(r.stream));
     }
     // Both ranks: GEMV, then the collective that assembles the output.
@@ -139,28 +157,32 @@ TEST(TensorParallel, TwoWayOverNcclMatchesOneGpu) {
     for (Rank& r : ranks) {
       CU_ASSERT(api.cuCtxSetCurrent(r.ctx));
       ASSERT_TRUE(GemvFp32(r.w, reinterpret_cast<uint16_t*>(r.x), m,
-                           reinterpret_cast<float*>(r.out), r.stream).ok());
+                           reinterpret_cast<float*>(r.out), r.stream)
+                      .ok());
     }
     NCCL_ASSERT(nccl->GroupStart());
     for (int i = 0; i < 2; ++i) {
       Rank& r = ranks[i];
       const size_t count = static_cast<size_t>(m * (*shards)[i].rows);
       if (by_rows) {
-        NCCL_ASSERT(nccl->AllGather(reinterpret_cast<void*>(r.out), reinterpret_cast<void*>(r.gathered),
-                                    count, ncclFloat32, comms[i], r.stream));
+        NCCL_ASSERT(nccl->AllGather(reinterpret_cast<void*>(r.out),
+                                    reinterpret_cast<void*>(r.gathered), count, ncclFloat32,
+                                    comms[i], r.stream));
       } else {
-        NCCL_ASSERT(nccl->AllReduce(reinterpret_cast<void*>(r.out), reinterpret_cast<void*>(r.gathered),
-                                    count, ncclFloat32, ncclSum, comms[i], r.stream));
+        NCCL_ASSERT(nccl->AllReduce(reinterpret_cast<void*>(r.out),
+                                    reinterpret_cast<void*>(r.gathered), count, ncclFloat32,
+                                    ncclSum, comms[i], r.stream));
       }
     }
     NCCL_ASSERT(nccl->GroupEnd());
     for (Rank& r : ranks) CU_ASSERT(api.cuStreamSynchronize(r.stream));
     const double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("[ info ] %s 2-way, %lldx%lld m=%lld: GEMV + collective %.1f us (host wall, one "
-                "first call with NCCL's lazy setup; ShardSpeedAgainstOneGpu measures speed)\n",
-                by_rows ? "output-parallel" : "input-parallel", static_cast<long long>(n),
-                static_cast<long long>(k), static_cast<long long>(m), us);
+    std::printf(
+        "[ info ] %s 2-way, %lldx%lld m=%lld: GEMV + collective %.1f us (host wall, one "
+        "first call with NCCL's lazy setup; ShardSpeedAgainstOneGpu measures speed)\n",
+        by_rows ? "output-parallel" : "input-parallel", static_cast<long long>(n),
+        static_cast<long long>(k), static_cast<long long>(m), us);
     // Rank 0's assembled output against the reference. AllGather lays out [rank][m][N/2].
     std::vector<float> got(m * n);
     CU_ASSERT(api.cuCtxSetCurrent(ranks[0].ctx));
@@ -176,18 +198,12 @@ TEST(TensorParallel, TwoWayOverNcclMatchesOneGpu) {
         } else {
           v = got[t * n + row];
         }
-        const double tol = std::ldexp(std::abs(ref[t * n + row]), -12) +
-                           std::ldexp(abs_sum[t * n + row], -16);
+        const double tol =
+            std::ldexp(std::abs(ref[t * n + row]), -12) + std::ldexp(abs_sum[t * n + row], -16);
         ASSERT_LE(std::abs(v - ref[t * n + row]), tol) << "token " << t << " row " << row;
       }
     }
-    for (Rank& r : ranks) {
-      api.cuCtxSetCurrent(r.ctx);
-      api.cuMemFree(r.x);
-      api.cuMemFree(r.out);
-      api.cuMemFree(r.gathered);
-      api.cuStreamDestroy(r.stream);
-    }
+    for (Rank& r : ranks) ReleaseRank(r);
   }
   for (ncclComm_t c : comms) nccl->CommDestroy(c);
 }
@@ -197,14 +213,8 @@ TEST(TensorParallel, TwoWayOverNcclMatchesOneGpu) {
 // assembles the output. Host-timed over many calls on each rank's stream (median of repeats);
 // printed for docs/BENCHMARKS.md. Correctness of the same path is the test above.
 TEST(TensorParallel, ShardSpeedAgainstOneGpu) {
-  GEMVZ_REQUIRE_GPU();
-  if (internal::DeviceCount() < 2) {
-    GTEST_SKIP() << "needs two GPUs, found " << internal::DeviceCount();
-  }
-  std::string why;
-  const Nccl* nccl = LoadNccl(&why);
-  if (nccl == nullptr) GTEST_SKIP() << why;
-  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  GEMVZ_REQUIRE_GPUS(2);
+  REQUIRE_NCCL(nccl);
   const auto& api = **internal::Driver();
   const int64_t n = 28672, k = 8192, max_m = 16;
   auto w = testing::RandomMatrix(n, k, testing::Distribution::kNormal, testing::FreshSeed());
@@ -215,24 +225,16 @@ TEST(TensorParallel, ShardSpeedAgainstOneGpu) {
   ncclComm_t comms[2];
   NCCL_ASSERT(nccl->CommInitAll(comms, 2, devs));
 
-  // Per device: context, stream, x (all of K: column shards read their slice through ldx-free
-  // copies below), FP32 out and the assembled output.
-  struct Dev {
-    CUcontext ctx = nullptr;
-    CUstream stream = nullptr;
-    CUdeviceptr x = 0, out = 0, full = 0;
-  } dev[2];
+  // Per device: x of max_m x K (a column shard reads its first max_m x K/2 values: only the
+  // timing matters here), the FP32 out and the assembled output. Matrices are uploaded below.
+  Rank dev[2];
   for (int i = 0; i < 2; ++i) {
-    auto ctx = internal::PrimaryContext(i);
-    ASSERT_TRUE(ctx.ok());
-    dev[i].ctx = *ctx;
-    CU_ASSERT(api.cuCtxSetCurrent(dev[i].ctx));
-    CU_ASSERT(api.cuStreamCreate(&dev[i].stream, CU_STREAM_NON_BLOCKING));
+    ASSERT_NO_FATAL_FAILURE(OpenRank(dev[i], i));
     const auto xs = testing::RandomActivations(max_m, k, 7 + i);
     CU_ASSERT(api.cuMemAlloc(&dev[i].x, xs.size() * 2));
     CU_ASSERT(api.cuMemcpyHtoD(dev[i].x, xs.data(), xs.size() * 2));
     CU_ASSERT(api.cuMemAlloc(&dev[i].out, max_m * n * 4));
-    CU_ASSERT(api.cuMemAlloc(&dev[i].full, max_m * n * 4));
+    CU_ASSERT(api.cuMemAlloc(&dev[i].gathered, max_m * n * 4));
   }
   // Median over repeats of the per-call time of `calls` rounds of `round` on the given devices.
   auto median_us = [&](const std::vector<int>& on, auto&& round) {
@@ -249,7 +251,8 @@ TEST(TensorParallel, ShardSpeedAgainstOneGpu) {
         api.cuCtxSetCurrent(dev[d].ctx);
         api.cuStreamSynchronize(dev[d].stream);
       }
-      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
       if (rep > 0) t.push_back(us / kCalls);
     }
     std::sort(t.begin(), t.end());
@@ -294,38 +297,30 @@ TEST(TensorParallel, ShardSpeedAgainstOneGpu) {
           const size_t count = static_cast<size_t>(m * (*shards)[i].rows);
           const ncclResult_t r =
               by_rows ? nccl->AllGather(reinterpret_cast<void*>(dev[i].out),
-                                        reinterpret_cast<void*>(dev[i].full), count, ncclFloat32,
-                                        comms[i], dev[i].stream)
+                                        reinterpret_cast<void*>(dev[i].gathered), count,
+                                        ncclFloat32, comms[i], dev[i].stream)
                       : nccl->AllReduce(reinterpret_cast<void*>(dev[i].out),
-                                        reinterpret_cast<void*>(dev[i].full), count, ncclFloat32,
-                                        ncclSum, comms[i], dev[i].stream);
+                                        reinterpret_cast<void*>(dev[i].gathered), count,
+                                        ncclFloat32, ncclSum, comms[i], dev[i].stream);
           EXPECT_EQ(r, ncclSuccess) << nccl->GetErrorString(r);
         }
         EXPECT_EQ(nccl->GroupEnd(), ncclSuccess);
       });
-      std::printf("[ info ] %s %lldx%lld m=%lld: rank 0 alone %.2f us, rank 1 alone %.2f us, both "
-                  "at once %.2f us, with the collective %.2f us\n",
-                  name, static_cast<long long>(n), static_cast<long long>(k),
-                  static_cast<long long>(m), r0, r1, both, with_collective);
+      std::printf(
+          "[ info ] %s %lldx%lld m=%lld: rank 0 alone %.2f us, rank 1 alone %.2f us, both "
+          "at once %.2f us, with the collective %.2f us\n",
+          name, static_cast<long long>(n), static_cast<long long>(k), static_cast<long long>(m), r0,
+          r1, both, with_collective);
     }
   }
-  for (int i = 0; i < 2; ++i) {
-    api.cuCtxSetCurrent(dev[i].ctx);
-    api.cuMemFree(dev[i].x);
-    api.cuMemFree(dev[i].out);
-    api.cuMemFree(dev[i].full);
-    api.cuStreamDestroy(dev[i].stream);
-  }
+  for (Rank& r : dev) ReleaseRank(r);
   for (ncclComm_t c : comms) nccl->CommDestroy(c);
 }
 
-// The same configuration on two GPUs from two threads: one compile (or disk hit), one module per device,
-// and a DeviceMatrix of one device refuses a stream of the other.
+// The same configuration on two GPUs from two threads: one compile (or disk hit), one module per
+// device, and a DeviceMatrix of one device refuses a stream of the other.
 TEST(TensorParallel, OneCompileOneModulePerDevice) {
-  GEMVZ_REQUIRE_GPU();
-  if (internal::DeviceCount() < 2) {
-    GTEST_SKIP() << "needs two GPUs, found " << internal::DeviceCount();
-  }
+  GEMVZ_REQUIRE_GPUS(2);
   KernelConfig c{WeightFormat::kZ12, 4, 1, 1, 1, 1};
   c.ug = 3;  // a kernel no other test of this binary asks for
   const JitCounters before = GetJitCounters();
@@ -353,7 +348,8 @@ TEST(TensorParallel, OneCompileOneModulePerDevice) {
   CUdeviceptr x, out;
   CU_ASSERT(api.cuMemAlloc(&x, 256 * 2));
   CU_ASSERT(api.cuMemAlloc(&out, 64 * 2));
-  absl::Status wrong = Gemv(*dm, reinterpret_cast<uint16_t*>(x), 1, reinterpret_cast<uint16_t*>(out), other);
+  absl::Status wrong =
+      Gemv(*dm, reinterpret_cast<uint16_t*>(x), 1, reinterpret_cast<uint16_t*>(out), other);
   EXPECT_FALSE(wrong.ok());
   EXPECT_NE(wrong.message().find("lives on device 0"), std::string::npos) << wrong;
   api.cuMemFree(x);

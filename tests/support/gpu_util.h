@@ -14,11 +14,20 @@
 namespace gemvz::testing {
 
 // Skips the test (with the reason) when there is no driver or no GPU.
-#define GEMVZ_REQUIRE_GPU()                                                          \
-  do {                                                                               \
-    if (::gemvz::internal::DeviceCount() == 0) {                                     \
-      GTEST_SKIP() << "no GPU: " << ::gemvz::testing::NoGpuReason();                 \
-    }                                                                                \
+#define GEMVZ_REQUIRE_GPU()                                          \
+  do {                                                               \
+    if (::gemvz::internal::DeviceCount() == 0) {                     \
+      GTEST_SKIP() << "no GPU: " << ::gemvz::testing::NoGpuReason(); \
+    }                                                                \
+  } while (0)
+
+// Skips the test (with the reason) unless at least `n` GPUs are present.
+#define GEMVZ_REQUIRE_GPUS(n)                                                                 \
+  do {                                                                                        \
+    GEMVZ_REQUIRE_GPU();                                                                      \
+    if (::gemvz::internal::DeviceCount() < (n)) {                                             \
+      GTEST_SKIP() << "needs " << (n) << " GPUs, found " << ::gemvz::internal::DeviceCount(); \
+    }                                                                                         \
   } while (0)
 
 std::string NoGpuReason();
