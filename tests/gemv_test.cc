@@ -78,7 +78,7 @@ TEST(Gemv, BroadConfigurationSweep) {
     for (int nw : {1, 2, 4, 8, 16})
       for (int ug : {1, 2, 4})
         for (int nb = 1; nb <= 4; ++nb)
-          for (int pipe = 0; pipe <= (f == WeightFormat::kZ12 ? 8 : 3); ++pipe)
+          for (int pipe = 0; pipe <= MaxPipe(f); ++pipe)
             for (int s : {1, 2, 4}) {
               KernelConfig c{f, nw, ug, nb, pipe, s};
               if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);

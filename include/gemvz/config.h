@@ -17,14 +17,17 @@ enum class WeightFormat {
   kBf16,  // plain row-major BF16, for matrices that cannot or should not be compressed
 };
 std::string_view FormatName(WeightFormat format);  // "z12" / "bf16"
+// The largest PIPE a format's kernel takes: 8 for z12 (4..8 are its register-capped loops), 3
+// for bf16.
+constexpr int MaxPipe(WeightFormat format) { return format == WeightFormat::kZ12 ? 8 : 3; }
 
 // Template arguments of one kernel (compiled as such by NVRTC) plus the split-K factor, which is a
 // run-time argument of the same kernel.
 struct KernelConfig {
   WeightFormat format = WeightFormat::kZ12;
-  int nw = 8;      // streaming warps per CTA (z12 adds one exception warp)
-  int ug = 2;      // 64-wide K groups per loop trip
-  int nb = 2;      // 8-token blocks per launch: up to 8 * nb activation rows
+  int nw = 8;  // streaming warps per CTA (z12 adds one exception warp)
+  int ug = 2;  // 64-wide K groups per loop trip
+  int nb = 2;  // 8-token blocks per launch: up to 8 * nb activation rows
   // 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2); z12 only: 4..8 plain
   // loop with minBlocks PIPE - 2 (a register cap for more CTAs per SM) and two accumulator chains.
   int pipe = 3;
@@ -47,8 +50,7 @@ struct KernelConfig {
   friend bool operator!=(const KernelConfig& a, const KernelConfig& b) { return !(a == b); }
   template <typename H>
   friend H AbslHashValue(H h, const KernelConfig& c) {
-    return H::combine(std::move(h), static_cast<int>(c.format), c.nw, c.ug, c.nb, c.pipe,
-                      c.splits);
+    return H::combine(std::move(h), static_cast<int>(c.format), c.nw, c.ug, c.nb, c.pipe, c.splits);
   }
 };
 

@@ -104,13 +104,15 @@ absl::Status ValidateConfig(const KernelConfig& c) {
   if (c.nw < 1 || c.nw > 32) return fail(absl::StrCat("NW must be in 1..32 (got ", c.nw, ")"));
   if (c.ug < 1 || c.ug > 8) return fail(absl::StrCat("UG must be in 1..8 (got ", c.ug, ")"));
   if (c.nb < 1 || c.nb > 4) return fail(absl::StrCat("NB must be in 1..4 (got ", c.nb, ")"));
-  if (c.pipe < 0 || c.pipe > 8) {
-    return fail(absl::StrCat("PIPE must be in 0..8 (got ", c.pipe, ")"));
+  if (c.pipe < 0 || c.pipe > MaxPipe(WeightFormat::kZ12)) {
+    return fail(
+        absl::StrCat("PIPE must be in 0..", MaxPipe(WeightFormat::kZ12), " (got ", c.pipe, ")"));
   }
-  if (c.format == WeightFormat::kBf16 && c.pipe > 3) {
-    return fail(absl::StrCat("PIPE 4..8 (register-capped plain loop) exists for z12 only; bf16 "
-                             "takes 0..3 (got ",
-                             c.pipe, ")"));
+  if (c.pipe > MaxPipe(c.format)) {
+    return fail(absl::StrCat("PIPE 4..", MaxPipe(WeightFormat::kZ12),
+                             " (register-capped plain loop) exists for z12 only; ",
+                             std::string(FormatName(c.format)), " takes 0..", MaxPipe(c.format),
+                             " (got ", c.pipe, ")"));
   }
   if (c.splits < 1) return fail(absl::StrCat("S must be at least 1 (got ", c.splits, ")"));
   if (c.nw < c.nb) {

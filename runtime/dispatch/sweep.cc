@@ -31,7 +31,7 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
     for (int nw : kSweepNw) {
       for (int ug : kSweepUg) {
         // z12's PIPE 4..8 (register caps) are measured like the rest; bf16 has 0..3.
-        for (int pipe = 0; pipe <= (format == WeightFormat::kZ12 ? 8 : 3); ++pipe) {
+        for (int pipe = 0; pipe <= MaxPipe(format); ++pipe) {
           for (int s : kSweepSplits) {
             const KernelConfig c{format, nw, ug, nb, pipe, s};
             if (!Validate(c, launch, limits).ok()) continue;
