@@ -52,6 +52,31 @@ __device__ __forceinline__ uint4 decz(unsigned s0, unsigned s1, unsigned q, unsi
   return a;
 }
 
+// Programmatic dependent launch (sm_90+; no-ops below, and no-ops on sm_90 when the grid was
+// launched without the attribute). launch_dependents lets the next kernel in the stream start once
+// every CTA of this grid has started; pdl_wait blocks until the previous grid has finished and its
+// writes are visible. The GEMVs start their first weights (which no earlier kernel writes) on their
+// way before pdl_wait, and read x or write anything only after it.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Starts pulling `bytes` (a multiple of 16, from a 16-byte aligned `p`) into L2 with the bulk-copy
+// engine: one instruction, no registers held, nothing returned (sm_90+; a no-op below).
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float bf16_to_float(unsigned short h) {
   return __uint_as_float(static_cast<unsigned>(h) << 16);
 }

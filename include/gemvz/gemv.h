@@ -55,6 +55,12 @@ struct GemvOptions {
   // Forces a configuration (any valid one; compiled at first use). Else GEMVZ_FORCE_CONFIG, else
   // the dispatcher's choice.
   std::optional<KernelConfig> config;
+  // Programmatic dependent launch (sm_90 and later; ignored before): the GEMV may start while
+  // the previous kernel on the stream finishes, and pulls its first weights into L2 meanwhile;
+  // it reads x and writes out only after that kernel has completed. Safe unless the previous
+  // kernel writes this matrix's weights. It saves launch and tail time when GEMVs and other
+  // PDL-aware kernels follow one another (a decode step). Else GEMVZ_PDL=1 turns it on.
+  bool pdl = false;
 };
 
 // out[m, N] (device, BF16, row-major) = x[m, K] (device, BF16, row-major) times W^T, on `stream`

@@ -48,7 +48,9 @@ namespace gemvz::internal {
   X(cuModuleGetFunction)          \
   X(cuFuncGetAttribute)           \
   X(cuFuncSetAttribute)           \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(cuLaunchKernel)               \
+  X(cuLaunchKernelEx)             \
   X(cuStreamCreate)               \
   X(cuStreamDestroy)              \
   X(cuStreamSynchronize)          \

@@ -16,10 +16,11 @@ bool AutotuneEnabled();
 absl::StatusOr<GemvPlan> Autotune(const DeviceMatrix& w, const GemvShape& shape,
                                   const DeviceInfo& info);
 
-// Launches `config` over all of m in chunks of chunk_m (the part of Gemv after planning).
+// Launches `config` over all of m in chunks of chunk_m (the part of Gemv after planning), with
+// programmatic dependent launch when `pdl` and the GPU has it (GemvOptions::pdl).
 absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, int64_t chunk_m,
                            const uint16_t* x, int64_t m, void* out, bool fp32_out,
-                           CUstream stream);
+                           CUstream stream, bool pdl = false);
 
 // Gemv's planning with the choice of whether autotuning may run (never during graph capture).
 absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,

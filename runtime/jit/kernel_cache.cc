@@ -317,6 +317,11 @@ absl::StatusOr<LoadedKernel> KernelCache::LoadForConfig(int device, const Kernel
   RETURN_IF_ERROR(ValidateConfig(config));
   ASSIGN_OR_RETURN(const std::string arch, DeviceArch(device));
   ASSIGN_OR_RETURN(LoadedKernel loaded, Load(device, RequestForConfig(kernel, arch)));
+  {
+    ASSIGN_OR_RETURN(ScopedDeviceContext scope, ScopedDeviceContext::Enter(device));
+    CU_RETURN_IF_ERROR(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        &loaded.blocks_per_sm, loaded.function, config.threads(), 0));
+  }
   absl::MutexLock lock(&load_mu_);
   loaded_configs_.emplace(id, loaded);
   return loaded;

@@ -49,6 +49,9 @@ absl::StatusOr<std::shared_ptr<const CompiledKernel>> GetCompiledKernel(const Ke
 struct LoadedKernel {
   CUfunction function = nullptr;
   std::shared_ptr<const CompiledKernel> compiled;
+  // CTAs of config.threads() threads resident per SM (the driver's occupancy), for kernels
+  // loaded by configuration (GetKernel); 0 for those loaded by name.
+  int blocks_per_sm = 0;
 };
 
 // The architecture NVRTC targets for `device`: "sm_<major><minor>" ("sm_90" on an H200).

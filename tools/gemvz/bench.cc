@@ -25,7 +25,7 @@ const std::string& BenchUsage() {
   static const std::string* usage = new std::string(absl::StrCat(
       "usage: gemvz bench [--shape=NxK] [--m=1,8,16] [--json=FILE] [--plot=FILE.png]\n"
       "                   [--commit=SHA] [--replays=N] [--launches=N] [--rotate_mb=MIB]\n"
-      "                   [--seed=N] [--device=N] [--j=N]\n"
+      "                   [--seed=N] [--pdl] [--device=N] [--j=N]\n"
       "\n"
       "Measures, side by side in one run on one GPU, for each shape and each m:\n"
       "  z12     the dispatcher's compressed choice: DeviceMatrix::FromBf16 + Gemv (the config\n"
@@ -113,9 +113,10 @@ int RunBench(const std::vector<std::string>& args) {
               env.arch.c_str(), env.sm_count,
               env.driver_version.empty() ? "?" : env.driver_version.c_str(),
               env.cuda_driver_api.c_str(), env.cublas_library.c_str());
-  std::printf("seed %llu, %d replays of >= %d launches, weights rotated through %lld MiB per path\n\n",
+  std::printf("seed %llu, %d replays of >= %d launches, weights rotated through %lld MiB per path%s\n\n",
               static_cast<unsigned long long>(env.seed), tools.timing.replays,
-              tools.timing.min_launches, static_cast<long long>(env.rotate_bytes >> 20));
+              tools.timing.min_launches, static_cast<long long>(env.rotate_bytes >> 20),
+              env.pdl ? ", z12 and plain with programmatic dependent launch (--pdl)" : "");
   std::fflush(stdout);
 
   std::vector<std::string> errors;

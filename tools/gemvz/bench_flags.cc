@@ -13,6 +13,8 @@ ABSL_FLAG(int, launches, 64,
 ABSL_FLAG(int64_t, rotate_mb, 512,
           "MiB of weight copies each path rotates through (well above the 60 MB L2)");
 ABSL_FLAG(uint64_t, seed, 0, "random seed for weights and x (0: a fresh one, printed)");
+ABSL_FLAG(bool, pdl, false,
+          "launch the library's GEMVs with programmatic dependent launch (GemvOptions::pdl)");
 ABSL_FLAG(std::string, zero_rows, "",
           "comma-separated rows set to all zeros in the weights (padded-vocabulary rows)");
 
@@ -26,6 +28,9 @@ const char kMeasureFlagsUsage[] =
     "                      launch reads HBM, not L2 (default 512)\n"
     "  --seed=N            seed of the random weights N(0, 1/K) and x N(0, 1); 0 picks a fresh\n"
     "                      one and prints it (default 0)\n"
+    "  --pdl               launch the library's GEMVs (12-bit and plain) with programmatic\n"
+    "                      dependent launch, so each starts while the previous one finishes;\n"
+    "                      cuBLAS and the probe are launched as always (default false)\n"
     "  --zero_rows=LIST    rows whose weights are all set to zero (padded vocabulary rows), to\n"
     "                      measure what such rows cost; out-of-range rows are an error\n"
     "                      (default: none)\n"
@@ -37,6 +42,7 @@ absl::StatusOr<TimingOptions> TimingFromFlags() {
   TimingOptions t;
   t.replays = absl::GetFlag(FLAGS_replays);
   t.min_launches = absl::GetFlag(FLAGS_launches);
+  t.pdl = absl::GetFlag(FLAGS_pdl);
   if (t.replays < 1 || t.replays > 100000) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad --replays=", t.replays, ": expected 1..100000"));

@@ -12,6 +12,7 @@ ABSL_DECLARE_FLAG(int, replays);
 ABSL_DECLARE_FLAG(int, launches);
 ABSL_DECLARE_FLAG(int64_t, rotate_mb);
 ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(bool, pdl);
 
 namespace gemvz::cli {
 

@@ -496,7 +496,9 @@ absl::StatusOr<ShapeWorkload::GemvRun> ShapeWorkload::CheckAndTimeGemv(
   const uint16_t* x = x_.bf16();
   uint16_t* out = out_.bf16();
   CUstream stream = session_->stream();
-  auto gemv_on = [&](int c) { return Gemv(copies[c], x, m, out, stream, options); };
+  GemvOptions opts = options;
+  opts.pdl = opts.pdl || timing.pdl;
+  auto gemv_on = [&](int c) { return Gemv(copies[c], x, m, out, stream, opts); };
   ASSIGN_OR_RETURN(run.check, RunAndCheck(m, [&] { return gemv_on(0); }, &run.result));
   if (copies.size() > 1 && run.check.ok()) {
     // The last copy came through another upload path (Upload of a Pack): check it too.
@@ -624,6 +626,7 @@ BenchEnvironment DescribeEnvironment(const BenchTools& tools, const std::string&
   e.date = UtcTimestamp();
   e.commit = commit;
   e.replays = tools.timing.replays;
+  e.pdl = tools.timing.pdl;
   e.rotate_bytes = tools.workload.rotate_bytes;
   e.seed = tools.workload.seed;
   return e;

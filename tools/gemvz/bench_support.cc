@@ -448,7 +448,7 @@ nlohmann::json BenchReportToJson(const BenchReport& report) {
                 {"cuda_driver_api", e.cuda_driver_api}};
   doc["cublas"] = {{"library", e.cublas_library}, {"version", e.cublas_version}};
   doc["settings"] = {
-      {"replays", e.replays}, {"rotate_bytes", e.rotate_bytes}, {"seed", e.seed}};
+      {"replays", e.replays}, {"pdl", e.pdl}, {"rotate_bytes", e.rotate_bytes}, {"seed", e.seed}};
   nlohmann::json cases = nlohmann::json::array();
   bool all_ok = true;
   for (const BenchCase& c : report.cases) {

@@ -146,6 +146,7 @@ struct BenchEnvironment {
   std::string date;            // ISO 8601, UTC
   std::string commit;          // --commit or GEMVZ_COMMIT; empty if unknown
   int replays = 0;
+  bool pdl = false;            // the library's GEMVs used programmatic dependent launch
   int64_t rotate_bytes = 0;
   uint64_t seed = 0;
 };

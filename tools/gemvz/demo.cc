@@ -40,7 +40,7 @@ const int64_t kDemoMs[] = {1, 8, 16};
 const std::string& DemoUsage() {
   static const std::string* usage = new std::string(absl::StrCat(
       "usage: gemvz demo [--quick] [--shape=NxK] [--arch=sm_XX] [--seed=N] [--j=N] [--device=N]\n"
-      "                  [--replays=N] [--launches=N] [--rotate_mb=MIB]\n"
+      "                  [--replays=N] [--launches=N] [--rotate_mb=MIB] [--pdl]\n"
       "\n"
       "The library's main job on built-in data, start to finish:\n"
       "  1. draws BF16 weights N(0, 1/K) for DESIGN.md's suite (N x K: 4096x8192 pooler,\n"

@@ -477,10 +477,11 @@ int RunTune(const std::vector<std::string>& args) {
   // Time on the GPU, one shape's weights at a time.
   workload->seed = SeedFromFlag();
   const int64_t max_m = *std::max_element(ms->begin(), ms->end());
-  std::printf("gemvz tune on %s (%s), seed %llu, %d replays of >= %d launches, %lld MiB rotated\n\n",
+  std::printf("gemvz tune on %s (%s), seed %llu, %d replays of >= %d launches, %lld MiB rotated%s\n\n",
               session->info().name.c_str(), session->info().arch.c_str(),
               static_cast<unsigned long long>(workload->seed), timing->replays,
-              timing->min_launches, static_cast<long long>(workload->rotate_bytes >> 20));
+              timing->min_launches, static_cast<long long>(workload->rotate_bytes >> 20),
+              timing->pdl ? ", programmatic dependent launch" : "");
   bool ok = true;
   for (const MatrixShape& shape : *shapes) {
     Progress(absl::StrFormat("[tune] %s: weights, x and the CPU reference", shape.ToString()));
@@ -543,6 +544,7 @@ int RunTune(const std::vector<std::string>& args) {
     doc["date"] = UtcTimestamp();
     doc["gpu"] = {{"name", session->info().name}, {"arch", session->info().arch}};
     doc["settings"] = {{"replays", timing->replays},
+                       {"pdl", timing->pdl},
                        {"rotate_bytes", workload->rotate_bytes},
                        {"seed", workload->seed}};
     nlohmann::json results = nlohmann::json::array();
