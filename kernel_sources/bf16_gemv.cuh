@@ -21,11 +21,12 @@ __global__ void __launch_bounds__(NW * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 : 0))
   const int g0 = sidx * KGS + warp * KGW;
   const unsigned short* w0 = p.w + static_cast<size_t>(rb * 16 + g) * p.ldw + g0 * 64 + t * 8;
   const unsigned short* w8 = w0 + 8 * p.ldw;  // row g + 8
-  // Programmatic dependent launch: let the next kernel start once every CTA has started; pull
-  // this warp's first trip of weights (rows g and g + 8 from lanes t = 0) into L2 while the
-  // previous kernel finishes; then wait for it before reading x or writing (no-ops without PDL).
+  // Programmatic dependent launch: let the next kernel start once every CTA has started; when
+  // launched with PDL (flags bit 2), pull this warp's first trip of weights (rows g and g + 8,
+  // from lanes t = 0) into L2 while the previous kernel finishes; then wait for it before
+  // reading x or writing (no-ops without PDL).
   pdl_launch_dependents();
-  if (t == 0) {
+  if ((p.flags & 4) && t == 0) {
     prefetch_l2_bulk(w0, UG * 128);
     prefetch_l2_bulk(w8, UG * 128);
   }

@@ -22,6 +22,7 @@ struct Z12Params {
   unsigned int tl, th;  // window lookup words
   int flags;            // bit 0: skip the corrections (to measure their cost; wrong results)
                         // bit 1: out is FP32 (partial sums a caller reduces, e.g. tensor parallel)
+                        // bit 2: launched with PDL: prefetch the first weights while waiting
 };
 
 // The same for a plain row-major BF16 W, padded to [N rounded up to 16][ldw >= K64].
@@ -35,5 +36,5 @@ struct Bf16Params {
   long long ldo;
   long long ldw;
   int M, N, K, S;  // N: real rows (stores are guarded); K: padded to a multiple of 64
-  int flags;       // bit 1: out is FP32
+  int flags;       // bit 1: out is FP32; bit 2: launched with PDL (as Z12Params)
 };

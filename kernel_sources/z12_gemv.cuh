@@ -27,11 +27,12 @@ __global__ void __launch_bounds__((NW + 1) * 32,
   __shared__ float ecorr[16][NB * 8 + 1];  // +1: 16 lanes writing 16 rows hit 16 banks
   __shared__ unsigned s_dense;             // bit r: row r is dense (its own CTA stores it)
   __shared__ int s_last;
-  // Programmatic dependent launch: let the next kernel start once every CTA has started; pull
-  // this warp's first trip of weights into L2 while the previous kernel finishes; then wait for
-  // it before anything reads x or writes (no-ops when launched without PDL).
+  // Programmatic dependent launch: let the next kernel start once every CTA has started; when
+  // launched with PDL (flags bit 2), pull this warp's first trip of weights into L2 while the
+  // previous kernel finishes; then wait for it before anything reads x or writes (no-ops when
+  // launched without PDL).
   pdl_launch_dependents();
-  if (rb >= 0 && warp < NW && lane == 0) {
+  if ((p.flags & 4) && rb >= 0 && warp < NW && lane == 0) {
     const size_t first = (static_cast<size_t>(rb) * KG + sidx * KGS + warp * KGW) * 96;
     prefetch_l2_bulk(static_cast<const uint4*>(p.w) + first, UG * 96 * 16);
   }

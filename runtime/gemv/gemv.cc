@@ -198,7 +198,7 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
       zp.S = config.splits;
       zp.tl = s.tl;
       zp.th = s.th;
-      zp.flags = fp32_out ? 2 : 0;
+      zp.flags = (fp32_out ? 2 : 0) | (pdl ? 4 : 0);
       args[0] = &zp;
     } else {
       bp.x = xk + c0 * ldx;
@@ -213,7 +213,7 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
       bp.N = static_cast<int>(s.rows);
       bp.K = static_cast<int>(k64);
       bp.S = config.splits;
-      bp.flags = fp32_out ? 2 : 0;
+      bp.flags = (fp32_out ? 2 : 0) | (pdl ? 4 : 0);
       args[0] = &bp;
     }
     if (pdl) {
