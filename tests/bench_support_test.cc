@@ -151,6 +151,65 @@ TEST(ShapesFromFlag, SuiteQuickAndOne) {
   EXPECT_FALSE(ShapesFromFlag("32y128", false).ok());
 }
 
+TEST(SequenceFromFlag, LayerNameListsAndErrors) {
+  absl::StatusOr<std::vector<MatrixShape>> layer = SequenceFromFlag("llama3-8b");
+  ASSERT_TRUE(layer.ok());
+  ASSERT_EQ(layer->size(), 4u);
+  const char* order[] = {"6144x4096", "4096x4096", "28672x4096", "4096x14336"};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ((*layer)[i].ToString(), order[i]);
+    EXPECT_FALSE((*layer)[i].name.empty());  // named after the suite
+  }
+  absl::StatusOr<std::vector<MatrixShape>> list = SequenceFromFlag("64x128,128x64");
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[1].ToString(), "128x64");
+  absl::StatusOr<std::vector<MatrixShape>> bad = SequenceFromFlag("64x128,nope");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'nope'"), std::string::npos) << bad.status();
+  EXPECT_FALSE(SequenceFromFlag(",").ok());
+}
+
+TEST(SequenceReport, TableAndJsonCarryEveryPathAndTheSpeedups) {
+  SequenceCase c;
+  c.m = 8;
+  c.z12_us = 80;
+  c.z12_pdl_us = 75;
+  c.plain_us = 110;
+  c.plain_pdl_us = 105;
+  c.cublas_us = 120;
+  c.launches = 64;
+  c.ok = true;
+  SequenceCase wrong = c;
+  wrong.m = 16;
+  wrong.ok = false;
+  const std::string table = FormatSequenceTable({c, wrong});
+  EXPECT_NE(table.find("1.500x"), std::string::npos) << table;  // 120 / 80
+  EXPECT_NE(table.find("1.600x"), std::string::npos) << table;  // 120 / 75
+  EXPECT_NE(table.find("WRONG"), std::string::npos) << table;
+
+  BenchEnvironment env;
+  env.gpu_name = "NVIDIA H200";
+  env.date = UtcTimestamp();
+  env.commit = "abc1234";
+  const std::vector<MatrixShape> shapes = *SequenceFromFlag("llama3-8b");
+  nlohmann::json doc = SequenceReportToJson(env, shapes, {c});
+  EXPECT_EQ(doc["schema"], "gemvz.sequence/1");
+  EXPECT_EQ(doc["commit"], "abc1234");
+  EXPECT_EQ(doc["gpu"]["name"], "NVIDIA H200");
+  ASSERT_EQ(doc["sequence"].size(), 4u);
+  EXPECT_EQ(doc["sequence"][2]["n"], 28672);
+  ASSERT_EQ(doc["cases"].size(), 1u);
+  EXPECT_EQ(doc["cases"][0]["m"], 8);
+  EXPECT_EQ(doc["cases"][0]["launches"], 64);
+  EXPECT_DOUBLE_EQ(doc["cases"][0]["time_us"]["z12_pdl"].get<double>(), 75);
+  EXPECT_DOUBLE_EQ(doc["cases"][0]["time_us"]["plain_pdl"].get<double>(), 105);
+  EXPECT_DOUBLE_EQ(doc["cases"][0]["speedup_vs_cublas"]["z12"].get<double>(), 1.5);
+  EXPECT_TRUE(doc["ok"].get<bool>());
+  EXPECT_FALSE(SequenceReportToJson(env, shapes, {c, wrong})["ok"].get<bool>());
+  EXPECT_FALSE(SequenceReportToJson(env, shapes, {})["ok"].get<bool>());  // nothing measured
+}
+
 // --- Random data ---------------------------------------------------------------------------------
 
 TEST(NormalBf16, DeterministicPerSeedWhateverTheThreads) {
@@ -471,6 +530,7 @@ TEST(BenchReportToJson, FollowsTheDocumentedSchema) {
   EXPECT_EQ(doc["cublas"]["library"], "libcublas.so.13");
   EXPECT_EQ(doc["cublas"]["version"], 130100);
   EXPECT_EQ(doc["settings"]["replays"], 20);
+  EXPECT_EQ(doc["settings"]["pdl"], false);
   EXPECT_EQ(doc["settings"]["rotate_bytes"], int64_t{512} << 20);
   EXPECT_EQ(doc["settings"]["seed"].get<uint64_t>(), report.env.seed);
   ASSERT_EQ(doc["cases"].size(), 2u);

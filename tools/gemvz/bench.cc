@@ -17,6 +17,8 @@
 
 ABSL_FLAG(std::string, plot, "", "draw the speedups per shape and m into this PNG (needs gnuplot)");
 ABSL_FLAG(std::string, commit, "", "the commit measured, for --json (default: $GEMVZ_COMMIT)");
+ABSL_FLAG(std::string, sequence, "",
+          "time these shapes' GEMVs one after another (llama3-8b or a list of NxK) instead");
 
 namespace gemvz::cli {
 namespace {
@@ -26,6 +28,7 @@ const std::string& BenchUsage() {
       "usage: gemvz bench [--shape=NxK] [--m=1,8,16] [--json=FILE] [--plot=FILE.png]\n"
       "                   [--commit=SHA] [--replays=N] [--launches=N] [--rotate_mb=MIB]\n"
       "                   [--seed=N] [--pdl] [--device=N] [--j=N]\n"
+      "       gemvz bench --sequence=llama3-8b|NxK,NxK,... [--m=1,8,16] [--json=FILE] ...\n"
       "\n"
       "Measures, side by side in one run on one GPU, for each shape and each m:\n"
       "  z12     the dispatcher's compressed choice: DeviceMatrix::FromBf16 + Gemv (the config\n"
@@ -49,7 +52,13 @@ const std::string& BenchUsage() {
       "  --json=FILE         also write every number as JSON (schema gemvz.bench/1, docs/CLI.md)\n"
       "  --plot=FILE.png     draw speedup over cuBLAS and over plain per (shape, m) with gnuplot,\n"
       "                      if it is installed (default: no chart)\n"
-      "  --commit=SHA        the commit measured, recorded in --json (default: $GEMVZ_COMMIT)\n",
+      "  --commit=SHA        the commit measured, recorded in --json (default: $GEMVZ_COMMIT)\n"
+      "  --sequence=LIST     instead of timing each shape alone, time the shapes' GEMVs one\n"
+      "                      after another in one CUDA graph, as in a decode step: llama3-8b\n"
+      "                      (one layer: qkv, o, gate_up, down) or comma-separated NxK shapes.\n"
+      "                      Per m it prints the time of one pass for z12 and plain BF16, each\n"
+      "                      launched plainly and with programmatic dependent launch, and for\n"
+      "                      cuBLAS; --json writes schema gemvz.sequence/1 (default: off)\n",
       kMeasureFlagsUsage,
       "\n"
       "Needs a GPU; without one it exits 1 and writes nothing. Exit status: 0 when every result\n"
@@ -58,8 +67,38 @@ const std::string& BenchUsage() {
       "examples:\n"
       "  gemvz bench\n"
       "  gemvz bench --shape=4096x8192 --m=1,8,16\n"
-      "  gemvz bench --json=bench.json --plot=bench.png --commit=$(git rev-parse HEAD)\n"));
+      "  gemvz bench --json=bench.json --plot=bench.png --commit=$(git rev-parse HEAD)\n"
+      "  gemvz bench --sequence=llama3-8b --json=layer.json\n"));
   return *usage;
+}
+
+int RunSequence(const BenchTools& tools, const std::vector<MatrixShape>& shapes,
+                const std::vector<int64_t>& ms, const BenchEnvironment& env,
+                const std::string& json_path) {
+  std::vector<std::string> names;
+  for (const MatrixShape& s : shapes) {
+    names.push_back(s.name.empty() ? s.ToString() : absl::StrCat(s.name, " ", s.ToString()));
+  }
+  std::printf("sequence of %zu GEMVs: %s\n\n", shapes.size(), absl::StrJoin(names, ", ").c_str());
+  absl::StatusOr<std::vector<SequenceCase>> cases = BenchSequence(tools, shapes, ms);
+  if (!cases.ok()) {
+    std::fprintf(stderr, "gemvz bench: %s\n", std::string(cases.status().message()).c_str());
+    return 1;
+  }
+  std::printf("%s", FormatSequenceTable(*cases).c_str());
+  bool ok = true;
+  for (const SequenceCase& c : *cases) ok = ok && c.ok;
+  if (!ok) std::printf("\nSOME RESULTS ARE WRONG: see stderr.\n");
+  if (!json_path.empty()) {
+    if (absl::Status st = WriteJsonFile(json_path, SequenceReportToJson(env, shapes, *cases));
+        !st.ok()) {
+      std::fprintf(stderr, "gemvz bench: %s\n", std::string(st.message()).c_str());
+      ok = false;
+    } else {
+      std::printf("wrote %s\n", json_path.c_str());
+    }
+  }
+  return ok ? 0 : 1;
 }
 
 int RunBench(const std::vector<std::string>& args) {
@@ -83,6 +122,21 @@ int RunBench(const std::vector<std::string>& args) {
   }
   const std::string json_path = absl::GetFlag(FLAGS_json);
   const std::string plot_path = absl::GetFlag(FLAGS_plot);
+  const std::string sequence_flag = absl::GetFlag(FLAGS_sequence);
+  absl::StatusOr<std::vector<MatrixShape>> sequence = std::vector<MatrixShape>{};
+  if (!sequence_flag.empty()) {
+    sequence = SequenceFromFlag(sequence_flag);
+    if (!sequence.ok()) {
+      std::fprintf(stderr, "gemvz bench: %s\n", std::string(sequence.status().message()).c_str());
+      return 2;
+    }
+    if (!absl::GetFlag(FLAGS_shape).empty() || !plot_path.empty() || absl::GetFlag(FLAGS_pdl)) {
+      std::fprintf(stderr,
+                   "gemvz bench: --sequence takes its shapes from its own list, draws no chart and "
+                   "measures with and without PDL itself: drop --shape, --plot and --pdl\n");
+      return 2;
+    }
+  }
   if (!plot_path.empty() && FindOnPath("gnuplot").empty()) {
     std::fprintf(stderr,
                  "gemvz bench: note: --plot needs gnuplot, which is not installed (Debian/Ubuntu: "
@@ -118,6 +172,7 @@ int RunBench(const std::vector<std::string>& args) {
               tools.timing.min_launches, static_cast<long long>(env.rotate_bytes >> 20),
               env.pdl ? ", z12 and plain with programmatic dependent launch (--pdl)" : "");
   std::fflush(stdout);
+  if (!sequence->empty()) return RunSequence(tools, *sequence, *ms, env, json_path);
 
   std::vector<std::string> errors;
   for (const MatrixShape& shape : *shapes) {

@@ -610,6 +610,80 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
   return cases;
 }
 
+absl::StatusOr<std::vector<SequenceCase>> BenchSequence(const BenchTools& tools,
+                                                        const std::vector<MatrixShape>& shapes,
+                                                        const std::vector<int64_t>& ms) {
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+  const int count = static_cast<int>(shapes.size());
+  CUstream stream = tools.session->stream();
+  std::vector<std::unique_ptr<ShapeWorkload>> works;
+  std::vector<const std::vector<DeviceMatrix>*> z, p;
+  std::vector<const std::vector<DeviceBuffer>*> raw;
+  for (const MatrixShape& shape : shapes) {
+    Progress(absl::StrFormat("[sequence] %s: weights, x, reference and rotated copies",
+                             ShapeLabel(shape)));
+    ASSIGN_OR_RETURN(std::unique_ptr<ShapeWorkload> work,
+                     ShapeWorkload::Create(tools.session, shape, max_m, tools.workload));
+    ASSIGN_OR_RETURN(const std::vector<DeviceMatrix>* zc, work->Compressed());
+    ASSIGN_OR_RETURN(const std::vector<DeviceMatrix>* pc, work->Plain());
+    ASSIGN_OR_RETURN(const std::vector<DeviceBuffer>* rc, work->Raw());
+    z.push_back(zc);
+    p.push_back(pc);
+    raw.push_back(rc);
+    works.push_back(std::move(work));
+  }
+  auto x_of = [&](int i) { return reinterpret_cast<const uint16_t*>(works[i]->x()); };
+  auto out_of = [&](int i) { return reinterpret_cast<uint16_t*>(works[i]->out()); };
+
+  std::vector<SequenceCase> cases;
+  for (const int64_t m : ms) {
+    SequenceCase c;
+    c.m = m;
+    c.ok = true;
+    GemvOptions plain_launch, pdl_launch;
+    pdl_launch.pdl = true;
+    // Path p of GEMV i on copy `copy`: 0/1 z12 plain/PDL, 2/3 plain BF16 plain/PDL, 4 cuBLAS.
+    auto call = [&](int path, int i, int copy) -> absl::Status {
+      const GemvOptions& o = (path == 1 || path == 3) ? pdl_launch : plain_launch;
+      if (path <= 1) return Gemv((*z[i])[copy], x_of(i), m, out_of(i), stream, o);
+      if (path <= 3) return Gemv((*p[i])[copy], x_of(i), m, out_of(i), stream, o);
+      const MatrixShape& s = shapes[i];
+      return tools.cublas->GemmBf16((*raw[i])[copy].ptr(), works[i]->x(), works[i]->out(), m,
+                                    s.n, s.k);
+    };
+    auto copies = [&](int path, int i) {
+      return static_cast<int>(path <= 1 ? z[i]->size() : path <= 3 ? p[i]->size() : raw[i]->size());
+    };
+    for (int path = 0; path < 5; ++path) {
+      for (int i = 0; i < count; ++i) {
+        std::vector<uint16_t> result;
+        ASSIGN_OR_RETURN(ErrorCheck check,
+                         works[i]->RunAndCheck(m, [&] { return call(path, i, 0); }, &result));
+        if (!check.ok()) {
+          c.ok = false;
+          Progress(absl::StrFormat("[sequence] %s m=%d path %d: %s", ShapeLabel(shapes[i]), m,
+                                   path, check.ToString()));
+        }
+      }
+    }
+    const int passes = std::max(1, (tools.timing.min_launches + count - 1) / count);
+    c.launches = passes * count;
+    double* times[5] = {&c.z12_us, &c.z12_pdl_us, &c.plain_us, &c.plain_pdl_us, &c.cublas_us};
+    const char* names[5] = {"z12", "z12 PDL", "plain", "plain PDL", "cuBLAS"};
+    for (int path = 0; path < 5; ++path) {
+      Progress(absl::StrFormat("[sequence] m=%d: %s", m, names[path]));
+      ASSIGN_OR_RETURN(const double per_launch,
+                       TimeGraphMicros(stream, c.launches, tools.timing, [&](int l) {
+                         const int i = l % count;
+                         return call(path, i, (l / count) % copies(path, i));
+                       }));
+      *times[path] = per_launch * count;  // one pass over the sequence
+    }
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 BenchEnvironment DescribeEnvironment(const BenchTools& tools, const std::string& commit) {
   BenchEnvironment e;
   const GpuInfo& info = tools.session->info();

@@ -213,6 +213,13 @@ struct BenchTools {
 absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const MatrixShape& shape,
                                                   const std::vector<int64_t>& ms);
 
+// `gemvz bench --sequence` (SequenceCase): the shapes' GEMVs one after another in one CUDA
+// graph, as in a decode step, each path rotating through its copies. Every GEMV of every path is
+// checked against the CPU reference first.
+absl::StatusOr<std::vector<SequenceCase>> BenchSequence(const BenchTools& tools,
+                                                        const std::vector<MatrixShape>& shapes,
+                                                        const std::vector<int64_t>& ms);
+
 // The environment part of a report (GPU, driver, cuBLAS, date, settings).
 BenchEnvironment DescribeEnvironment(const BenchTools& tools, const std::string& commit);
 

@@ -211,6 +211,29 @@ absl::StatusOr<std::vector<MatrixShape>> ShapesFromFlag(const std::string& shape
   return shapes;
 }
 
+absl::StatusOr<std::vector<MatrixShape>> SequenceFromFlag(const std::string& sequence_flag) {
+  std::vector<std::string> parts;
+  if (sequence_flag == "llama3-8b") {
+    parts = {"6144x4096", "4096x4096", "28672x4096", "4096x14336"};
+  } else {
+    parts = absl::StrSplit(sequence_flag, ',', absl::SkipEmpty());
+  }
+  if (parts.empty()) {
+    return absl::InvalidArgumentError(
+        "bad --sequence: expected llama3-8b or a comma-separated list of NxK shapes");
+  }
+  std::vector<MatrixShape> shapes;
+  for (const std::string& part : parts) {
+    absl::StatusOr<MatrixShape> shape = ParseShape(part);
+    if (!shape.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad --sequence entry '", part, "': ", shape.status().message()));
+    }
+    shapes.push_back(*shape);
+  }
+  return shapes;
+}
+
 void FillNormalBf16(uint16_t* out, int64_t count, double stddev, uint64_t seed, int threads) {
   const int64_t chunks = (count + kRandomChunk - 1) / kRandomChunk;
   ParallelFor(chunks, threads, 1, [&](int64_t begin, int64_t end) {
@@ -434,10 +457,12 @@ std::string FormatBenchTable(const std::vector<BenchCase>& cases) {
   return out;
 }
 
-nlohmann::json BenchReportToJson(const BenchReport& report) {
-  const BenchEnvironment& e = report.env;
+namespace {
+
+// The fields both report kinds share: schema, date, commit, gpu, cublas, settings.
+nlohmann::json ReportHead(const char* schema, const BenchEnvironment& e) {
   nlohmann::json doc;
-  doc["schema"] = kBenchSchema;
+  doc["schema"] = schema;
   doc["date"] = e.date;
   doc["commit"] = e.commit.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.commit);
   doc["gpu"] = {{"name", e.gpu_name},
@@ -449,6 +474,59 @@ nlohmann::json BenchReportToJson(const BenchReport& report) {
   doc["cublas"] = {{"library", e.cublas_library}, {"version", e.cublas_version}};
   doc["settings"] = {
       {"replays", e.replays}, {"pdl", e.pdl}, {"rotate_bytes", e.rotate_bytes}, {"seed", e.seed}};
+  return doc;
+}
+
+}  // namespace
+
+std::string FormatSequenceTable(const std::vector<SequenceCase>& cases) {
+  constexpr const char* kRow = "%4s  %9s %9s %9s %9s %9s  %9s %9s %9s  %s\n";
+  std::string out = absl::StrFormat("%-4s  %-49s  %s\n", "", "time of one pass over the sequence, us",
+                                    "z12's speedup over cuBLAS");
+  absl::StrAppendFormat(&out, kRow, "m", "z12", "z12 PDL", "plain", "plain PDL", "cuBLAS", "z12",
+                        "z12 PDL", "PDL gain", "check");
+  for (const SequenceCase& c : cases) {
+    absl::StrAppendFormat(&out, kRow, absl::StrCat(c.m), absl::StrFormat("%.2f", c.z12_us),
+                          absl::StrFormat("%.2f", c.z12_pdl_us), absl::StrFormat("%.2f", c.plain_us),
+                          absl::StrFormat("%.2f", c.plain_pdl_us),
+                          absl::StrFormat("%.2f", c.cublas_us),
+                          absl::StrFormat("%.3fx", c.cublas_us / c.z12_us),
+                          absl::StrFormat("%.3fx", c.cublas_us / c.z12_pdl_us),
+                          absl::StrFormat("%.3fx", c.z12_us / c.z12_pdl_us), c.ok ? "ok" : "WRONG");
+  }
+  return out;
+}
+
+nlohmann::json SequenceReportToJson(const BenchEnvironment& env,
+                                    const std::vector<MatrixShape>& shapes,
+                                    const std::vector<SequenceCase>& cases) {
+  nlohmann::json doc = ReportHead(kSequenceSchema, env);
+  nlohmann::json seq = nlohmann::json::array();
+  for (const MatrixShape& s : shapes) seq.push_back({{"name", s.name}, {"n", s.n}, {"k", s.k}});
+  doc["sequence"] = seq;
+  nlohmann::json out = nlohmann::json::array();
+  bool all_ok = !cases.empty();
+  for (const SequenceCase& c : cases) {
+    all_ok = all_ok && c.ok;
+    out.push_back({{"m", c.m},
+                   {"launches", c.launches},
+                   {"time_us",
+                    {{"z12", c.z12_us},
+                     {"z12_pdl", c.z12_pdl_us},
+                     {"plain", c.plain_us},
+                     {"plain_pdl", c.plain_pdl_us},
+                     {"cublas", c.cublas_us}}},
+                   {"speedup_vs_cublas",
+                    {{"z12", c.cublas_us / c.z12_us}, {"z12_pdl", c.cublas_us / c.z12_pdl_us}}},
+                   {"ok", c.ok}});
+  }
+  doc["cases"] = out;
+  doc["ok"] = all_ok;
+  return doc;
+}
+
+nlohmann::json BenchReportToJson(const BenchReport& report) {
+  nlohmann::json doc = ReportHead(kBenchSchema, report.env);
   nlohmann::json cases = nlohmann::json::array();
   bool all_ok = true;
   for (const BenchCase& c : report.cases) {

@@ -32,6 +32,10 @@ absl::StatusOr<std::vector<int64_t>> ParseMList(const std::string& text);
 // --shape if given (one shape), else the suite; `quick` keeps the suite's first two.
 absl::StatusOr<std::vector<MatrixShape>> ShapesFromFlag(const std::string& shape_flag, bool quick);
 
+// `gemvz bench --sequence`: "llama3-8b" (one layer's four GEMVs in order: qkv, o, gate_up, down)
+// or a comma-separated list of NxK shapes, run one after another.
+absl::StatusOr<std::vector<MatrixShape>> SequenceFromFlag(const std::string& sequence_flag);
+
 // Fills `count` BF16 values drawn from N(0, stddev^2), rounded to nearest. Deterministic for a
 // seed whatever the thread count: each 64 Ki-element chunk has its own generator.
 void FillNormalBf16(uint16_t* out, int64_t count, double stddev, uint64_t seed, int threads);
@@ -156,11 +160,27 @@ struct BenchReport {
   std::vector<BenchCase> cases;
 };
 
+// One m of `gemvz bench --sequence`: the time of one pass over the sequence of GEMVs, for the
+// 12-bit path launched plainly and with programmatic dependent launch (GemvOptions::pdl), the
+// plain BF16 path likewise, and cuBLAS; `ok`: every GEMV of every path was right.
+struct SequenceCase {
+  int64_t m = 0;
+  double z12_us = 0, z12_pdl_us = 0, plain_us = 0, plain_pdl_us = 0, cublas_us = 0;
+  int launches = 0;  // GEMVs captured in one timed graph
+  bool ok = false;
+};
+// Its table (one line per m) and its JSON document (schema gemvz.sequence/1, docs/CLI.md).
+std::string FormatSequenceTable(const std::vector<SequenceCase>& cases);
+nlohmann::json SequenceReportToJson(const BenchEnvironment& env,
+                                    const std::vector<MatrixShape>& shapes,
+                                    const std::vector<SequenceCase>& cases);
+
 // The table `gemvz bench` prints: one line per (shape, m) and the geometric means.
 std::string FormatBenchTable(const std::vector<BenchCase>& cases);
 
 // The JSON document of `gemvz bench --json` (schema "gemvz.bench/1", documented in docs/CLI.md).
 inline constexpr const char* kBenchSchema = "gemvz.bench/1";
+inline constexpr const char* kSequenceSchema = "gemvz.sequence/1";
 nlohmann::json BenchReportToJson(const BenchReport& report);
 
 // Writes JSON text to `path` atomically (temporary file, fsync, rename).
