@@ -5,6 +5,7 @@
 // finished would show up as different bits (or as the poison left in the buffers). Skips cleanly
 // without a GPU.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "gemvz/gemv.h"
@@ -75,65 +76,63 @@ struct Chain {
   }
 };
 
-TEST(Pdl, ChainMatchesPlainLaunchesBitForBit) {
-  GEMVZ_REQUIRE_GPU();
-  const auto& api = **internal::Driver();
-  const uint64_t seed = FreshSeed();
-  Chain chain(seed);
-  ASSERT_TRUE(chain.a.valid() && chain.b.valid() && chain.c.valid());
-  CUstream stream;
-  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-
-  chain.Poison();
-  ASSERT_TRUE(chain.Enqueue(stream, /*pdl=*/false, 1).ok());
-  ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
-  const std::vector<uint16_t> plain = chain.Outputs();
-  {  // the plain chain itself against the double reference, link by link
-    std::vector<uint16_t> y1(plain.begin(), plain.begin() + Chain::kM * 8192);
+// Each test: a fresh chain, a stream, and the chain's outputs from plain launches (checked
+// against the double reference on its first link) to compare the PDL runs with.
+class PdlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    GEMVZ_REQUIRE_GPU();
+    seed_ = FreshSeed();
+    chain_ = std::make_unique<Chain>(seed_);
+    ASSERT_TRUE(chain_->a.valid() && chain_->b.valid() && chain_->c.valid());
+    ASSERT_EQ(api().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    chain_->Poison();
+    ASSERT_TRUE(chain_->Enqueue(stream_, /*pdl=*/false, 1).ok());  // also sizes the workspace
+    ASSERT_EQ(api().cuStreamSynchronize(stream_), CUDA_SUCCESS);
+    plain_ = chain_->Outputs();
+    std::vector<uint16_t> y1(plain_.begin(), plain_.begin() + Chain::kM * 8192);
     std::vector<double> ref, abs_sum;
-    testing::ReferenceGemv(chain.wa, chain.x0, Chain::kM, 8192, 4096, &ref, &abs_sum);
-    ASSERT_EQ(testing::CompareToReference(y1, ref, abs_sum, Chain::kM, 8192), "") << "seed " << seed;
+    testing::ReferenceGemv(chain_->wa, chain_->x0, Chain::kM, 8192, 4096, &ref, &abs_sum);
+    ASSERT_EQ(testing::CompareToReference(y1, ref, abs_sum, Chain::kM, 8192), "")
+        << "seed " << seed_;
   }
+  void TearDown() override {
+    if (stream_ != nullptr) api().cuStreamDestroy(stream_);
+  }
+  static const internal::DriverApi& api() { return **internal::Driver(); }
 
+  uint64_t seed_ = 0;
+  std::unique_ptr<Chain> chain_;
+  CUstream stream_ = nullptr;
+  std::vector<uint16_t> plain_;
+};
+
+TEST_F(PdlTest, ChainMatchesPlainLaunchesBitForBit) {
   for (int round = 0; round < 5; ++round) {
-    chain.Poison();
-    ASSERT_TRUE(chain.Enqueue(stream, /*pdl=*/true, 10).ok());
-    ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
-    EXPECT_TRUE(chain.Outputs() == plain) << "round " << round << ", seed " << seed;
+    chain_->Poison();
+    ASSERT_TRUE(chain_->Enqueue(stream_, /*pdl=*/true, 10).ok());
+    ASSERT_EQ(api().cuStreamSynchronize(stream_), CUDA_SUCCESS);
+    EXPECT_TRUE(chain_->Outputs() == plain_) << "round " << round << ", seed " << seed_;
   }
-  api.cuStreamDestroy(stream);
 }
 
-TEST(Pdl, CapturedChainReplaysBitForBit) {
-  GEMVZ_REQUIRE_GPU();
-  const auto& api = **internal::Driver();
-  const uint64_t seed = FreshSeed();
-  Chain chain(seed);
-  ASSERT_TRUE(chain.a.valid() && chain.b.valid() && chain.c.valid());
-  CUstream stream;
-  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  chain.Poison();
-  ASSERT_TRUE(chain.Enqueue(stream, /*pdl=*/false, 1).ok());  // also sizes the workspace
-  ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
-  const std::vector<uint16_t> plain = chain.Outputs();
-
+TEST_F(PdlTest, CapturedChainReplaysBitForBit) {
   CUgraph graph;
   CUgraphExec exec;
-  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  const absl::Status st = chain.Enqueue(stream, /*pdl=*/true, 4);
-  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(api().cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  const absl::Status st = chain_->Enqueue(stream_, /*pdl=*/true, 4);
+  ASSERT_EQ(api().cuStreamEndCapture(stream_, &graph), CUDA_SUCCESS);
   ASSERT_TRUE(st.ok()) << st;
-  ASSERT_EQ(api.cuGraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
+  ASSERT_EQ(api().cuGraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
   for (int replay = 0; replay < 5; ++replay) {
-    chain.Poison();
+    chain_->Poison();
     testing::Synchronize();
-    ASSERT_EQ(api.cuGraphLaunch(exec, stream), CUDA_SUCCESS);
-    ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
-    EXPECT_TRUE(chain.Outputs() == plain) << "replay " << replay << ", seed " << seed;
+    ASSERT_EQ(api().cuGraphLaunch(exec, stream_), CUDA_SUCCESS);
+    ASSERT_EQ(api().cuStreamSynchronize(stream_), CUDA_SUCCESS);
+    EXPECT_TRUE(chain_->Outputs() == plain_) << "replay " << replay << ", seed " << seed_;
   }
-  api.cuGraphExecDestroy(exec);
-  api.cuGraphDestroy(graph);
-  api.cuStreamDestroy(stream);
+  api().cuGraphExecDestroy(exec);
+  api().cuGraphDestroy(graph);
 }
 
 }  // namespace

@@ -477,6 +477,10 @@ nlohmann::json ReportHead(const char* schema, const BenchEnvironment& e) {
   return doc;
 }
 
+nlohmann::json ShapeJson(const MatrixShape& s) {
+  return {{"name", s.name}, {"n", s.n}, {"k", s.k}};
+}
+
 }  // namespace
 
 std::string FormatSequenceTable(const std::vector<SequenceCase>& cases) {
@@ -502,7 +506,7 @@ nlohmann::json SequenceReportToJson(const BenchEnvironment& env,
                                     const std::vector<SequenceCase>& cases) {
   nlohmann::json doc = ReportHead(kSequenceSchema, env);
   nlohmann::json seq = nlohmann::json::array();
-  for (const MatrixShape& s : shapes) seq.push_back({{"name", s.name}, {"n", s.n}, {"k", s.k}});
+  for (const MatrixShape& s : shapes) seq.push_back(ShapeJson(s));
   doc["sequence"] = seq;
   nlohmann::json out = nlohmann::json::array();
   bool all_ok = !cases.empty();
@@ -532,7 +536,7 @@ nlohmann::json BenchReportToJson(const BenchReport& report) {
   for (const BenchCase& c : report.cases) {
     all_ok = all_ok && c.ok();
     cases.push_back({
-        {"shape", {{"name", c.shape.name}, {"n", c.shape.n}, {"k", c.shape.k}}},
+        {"shape", ShapeJson(c.shape)},
         {"m", c.m},
         {"dispatch",
          {{"config", c.config},
