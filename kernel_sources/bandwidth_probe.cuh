@@ -2,16 +2,12 @@
 // through the same non-allocating read-only path the GEMV kernels use, and nothing else.
 #pragma once
 
+#include "common.cuh"
+
 namespace gemvz_probe {
 
-// 16 bytes through the non-coherent path, not allocated in L1: as the GEMVs read weights.
-__device__ __forceinline__ uint4 probe_load(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
+// 16 bytes through the non-coherent path, not allocated in L1: the GEMVs' own weight load.
+using gemvz_dev::ld_stream;
 
 __device__ __forceinline__ unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
@@ -31,11 +27,11 @@ __global__ void __launch_bounds__(512) gemvz_bandwidth_probe(const uint4* __rest
   for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
     uint4 v[UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNROLL; u++) v[u] = probe_load(src + i + u * stride);
+    for (int u = 0; u < UNROLL; u++) v[u] = ld_stream(src + i + u * stride);
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) acc ^= fold(v[u]);
   }
-  for (; i < n; i += stride) acc ^= fold(probe_load(src + i));  // the last partial sweep
+  for (; i < n; i += stride) acc ^= fold(ld_stream(src + i));  // the last partial sweep
 
   // Block XOR: warps by shuffle, then the warps' words through shared memory.
   __shared__ unsigned warp_acc[512 / 32];

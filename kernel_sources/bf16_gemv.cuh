@@ -113,10 +113,7 @@ __global__ void __launch_bounds__(NW * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 : 0))
   float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
   const bool active = tid < NB * 32;
   const int nbo = tid >> 5;
-  if (active) {
-#pragma unroll
-    for (int wi = 0; wi < NW; wi++) add4(r, red[wi][tid]);
-  }
+  if (active) r = sum_warp_partials<NW, NB>(red, tid);
   if (p.S > 1 && !splitk_combine(r, active, static_cast<float4*>(p.ws), p.sem, rb, sidx, p.S,
                                  NB * 32, &s_last)) {
     return;

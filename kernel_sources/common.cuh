@@ -103,6 +103,15 @@ __device__ __forceinline__ void add4(float4& r, const float4 v) {
   r.w += v.w;
 }
 
+// Thread tid < NB*32 adds the NW warps' partial C fragments in warp order (deterministic).
+template <int NW, int NB>
+__device__ __forceinline__ float4 sum_warp_partials(const float4 (&red)[NW][NB * 32], int tid) {
+  float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int wi = 0; wi < NW; wi++) add4(r, red[wi][tid]);
+  return r;
+}
+
 // Split-K across CTAs: each CTA parks its partial sums, the last to arrive adds all S of them in
 // slice order (deterministic) and resets the counter for the next call. Returns false in the CTAs
 // that are not last; they must exit without storing.

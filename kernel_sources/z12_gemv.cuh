@@ -247,8 +247,7 @@ __global__ void __launch_bounds__((NW + 1) * 32,
   const bool active = tid < NB * 32;
   const int nbo = tid >> 5;
   if (active) {
-#pragma unroll
-    for (int wi = 0; wi < NW; wi++) add4(r, red[wi][tid]);
+    r = sum_warp_partials<NW, NB>(red, tid);
     r.x += ecorr[g][nbo * 8 + 2 * t];
     r.y += ecorr[g][nbo * 8 + 2 * t + 1];
     r.z += ecorr[g + 8][nbo * 8 + 2 * t];
