@@ -100,7 +100,7 @@ class CliTest : public ::testing::Test {
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE((haystack).find(needle), std::string::npos) << "no '" << (needle) << "' in:\n" << (haystack)
 
-const char* const kMeasureFlags[] = {"--replays", "--launches", "--rotate_mb", "--seed",
+const char* const kMeasureFlags[] = {"--replays", "--launches", "--rotate_mb", "--seed", "--pdl",
                                      "--device", "--j"};
 
 TEST_F(CliTest, HelpListsTheCommands) {
@@ -137,7 +137,7 @@ TEST_F(CliTest, EveryCommandHasAUsageText) {
 TEST_F(CliTest, UsageTextsNameEveryFlagWithItsDefault) {
   const std::map<std::string, std::vector<std::string>> flags = {
       {"demo", {"--quick", "--shape", "--arch"}},
-      {"bench", {"--shape", "--m", "--json", "--plot", "--commit"}},
+      {"bench", {"--shape", "--m", "--json", "--plot", "--commit", "--sequence"}},
       {"tune",
        {"--shape", "--m", "--config", "--sweep", "--sweep_format", "--space", "--top", "--save",
         "--json", "--arch"}},
@@ -180,6 +180,17 @@ TEST_F(CliTest, DashedFlagNamesAreAccepted) {
   const Result dashed_value = Run({"tune", "--config=z12.nw8.ug2.nb1.pipe3.s1", "--shape=4096-8192"});
   EXPECT_EQ(dashed_value.rc, 2) << dashed_value.err;
   EXPECT_CONTAINS(dashed_value.err, "4096-8192");
+}
+
+TEST_F(CliTest, BenchSequenceUsageErrorsSayWhy) {
+  const Result bad = Run({"bench", "--sequence=4096x4096,nope"});
+  EXPECT_EQ(bad.rc, 2) << bad.err;
+  EXPECT_CONTAINS(bad.err, "bad --sequence entry 'nope'");
+  for (const std::string clash : {"--shape=4096x4096", "--plot=x.png", "--pdl"}) {
+    const Result r = Run({"bench", "--sequence=llama3-8b", clash});
+    EXPECT_EQ(r.rc, 2) << clash << ": " << r.err;
+    EXPECT_CONTAINS(r.err, "drop --shape, --plot and --pdl");
+  }
 }
 
 TEST_F(CliTest, BadShapesAndRowCountsFailSayingWhy) {
