@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernel_sources/gemv_params.cuh"
 #include "runtime/cuda/driver.h"
+#include "runtime/gemv/autotune.h"
 #include "runtime/gemv/device_state.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tests/support/gpu_util.h"
@@ -63,6 +64,19 @@ std::vector<uint16_t> MixedWeights(int64_t n, int64_t k, uint64_t seed) {
   auto w = testing::RandomMatrix(n, k, Distribution::kTiny, seed);
   for (int64_t c = 0; c < k; ++c) w[(n / 2 + 3) * k + c] = 0;  // an all-zero (dense) row
   return w;
+}
+
+TEST(GemvOptions, PdlFromTheEnvironment) {  // no GPU needed
+  EXPECT_EQ(*internal::PdlFromEnv(std::nullopt), Pdl::kOff);
+  EXPECT_EQ(*internal::PdlFromEnv(""), Pdl::kOff);
+  EXPECT_EQ(*internal::PdlFromEnv("0"), Pdl::kOff);
+  EXPECT_EQ(*internal::PdlFromEnv("1"), Pdl::kAuto);
+  EXPECT_EQ(*internal::PdlFromEnv("auto"), Pdl::kAuto);
+  EXPECT_EQ(*internal::PdlFromEnv("always"), Pdl::kAlways);
+  const absl::StatusOr<Pdl> bad = internal::PdlFromEnv("yes please");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("GEMVZ_PDL"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("'yes please'"), std::string::npos);
 }
 
 TEST(Gemv, BroadConfigurationSweep) {

@@ -54,9 +54,10 @@ struct Chain {
   }
 
   // Enqueues the chain `times` times on `stream`.
+  // pdl: every link with Pdl::kAlways (kAuto would leave the small grids plain).
   absl::Status Enqueue(CUstream stream, bool pdl, int times) {
     GemvOptions oa, ob, oc;
-    oa.pdl = ob.pdl = oc.pdl = pdl;
+    oa.pdl = ob.pdl = oc.pdl = pdl ? Pdl::kAlways : Pdl::kOff;
     oc.config = KernelConfig{WeightFormat::kZ12, 4, 2, 2, 3, 4};
     for (int i = 0; i < times; ++i) {
       absl::Status st = Gemv(a, dx.as<uint16_t>(), kM, y1.as<uint16_t>(), stream, oa);

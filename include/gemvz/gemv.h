@@ -51,16 +51,24 @@ class DeviceMatrix {
   friend struct internal::DeviceMatrixState;
 };
 
+// Programmatic dependent launch (sm_90 and later; plain launches before): the GEMV may start
+// while the previous kernel on the stream finishes, and pulls its first weights into L2
+// meanwhile; it reads x and writes out only after that kernel has completed. Safe unless the
+// previous kernel writes this matrix's weights. It saves launch and tail time when GEMVs and
+// other PDL-aware kernels follow one another (a decode step); docs/BENCHMARKS.md measures it.
+enum class Pdl {
+  kOff,     // plain launches
+  kAuto,    // PDL for grids that fill at least 90 % of the GPU's resident CTA slots (a grid that
+            // leaves many idle lets the next kernel's early CTAs crowd a few SMs)
+  kAlways,  // PDL for every launch: to test chains of dependent kernels, or to experiment
+};
+
 struct GemvOptions {
   // Forces a configuration (any valid one; compiled at first use). Else GEMVZ_FORCE_CONFIG, else
   // the dispatcher's choice.
   std::optional<KernelConfig> config;
-  // Programmatic dependent launch (sm_90 and later; ignored before): the GEMV may start while
-  // the previous kernel on the stream finishes, and pulls its first weights into L2 meanwhile;
-  // it reads x and writes out only after that kernel has completed. Safe unless the previous
-  // kernel writes this matrix's weights. It saves launch and tail time when GEMVs and other
-  // PDL-aware kernels follow one another (a decode step). Else GEMVZ_PDL=1 turns it on.
-  bool pdl = false;
+  // Else GEMVZ_PDL: 1 (or auto) for kAuto, always for kAlways; unset or 0 for kOff.
+  Pdl pdl = Pdl::kOff;
 };
 
 // out[m, N] (device, BF16, row-major) = x[m, K] (device, BF16, row-major) times W^T, on `stream`

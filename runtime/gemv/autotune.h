@@ -3,6 +3,9 @@
 // it in the tuning file so later processes start with it.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "absl/status/statusor.h"
 #include "gemvz/config.h"
 #include "gemvz/gemv.h"
@@ -17,10 +20,13 @@ absl::StatusOr<GemvPlan> Autotune(const DeviceMatrix& w, const GemvShape& shape,
                                   const DeviceInfo& info);
 
 // Launches `config` over all of m in chunks of chunk_m (the part of Gemv after planning), with
-// programmatic dependent launch when `pdl` and the GPU has it (GemvOptions::pdl).
+// programmatic dependent launch as `pdl` says, where the GPU has it (GemvOptions::pdl).
 absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, int64_t chunk_m,
                            const uint16_t* x, int64_t m, void* out, bool fp32_out,
-                           CUstream stream, bool pdl = false);
+                           CUstream stream, Pdl pdl = Pdl::kOff);
+
+// GEMVZ_PDL's value (unset: nullopt) as a mode: 0/empty off, 1 or auto kAuto, always kAlways.
+absl::StatusOr<Pdl> PdlFromEnv(const std::optional<std::string>& value);
 
 // Gemv's planning with the choice of whether autotuning may run (never during graph capture).
 absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,

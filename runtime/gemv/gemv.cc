@@ -68,9 +68,10 @@ absl::StatusOr<Workspace*> GetWorkspace(CUcontext ctx, CUstream stream) {
   return w;
 }
 
-int64_t Rows16(const DeviceMatrixState& s) { return (s.rows + 15) / 16 * 16; }
-// PDL only for grids that fill at least this many tenths of the GPU's resident CTA slots.
+// Pdl::kAuto: PDL only for grids that fill at least this many tenths of the resident CTA slots.
 constexpr int64_t kPdlMinFillTenths = 9;
+
+int64_t Rows16(const DeviceMatrixState& s) { return (s.rows + 15) / 16 * 16; }
 int64_t Cols64(const DeviceMatrixState& s) { return (s.cols + 63) / 64 * 64; }
 
 }  // namespace
@@ -118,23 +119,33 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
   return plan;
 }
 
+absl::StatusOr<Pdl> PdlFromEnv(const std::optional<std::string>& value) {
+  if (!value || value->empty() || *value == "0") return Pdl::kOff;
+  if (*value == "1" || *value == "auto") return Pdl::kAuto;
+  if (*value == "always") return Pdl::kAlways;
+  return absl::InvalidArgumentError(
+      absl::StrCat("GEMVZ_PDL must be 0, 1 (or auto) or always, not '", *value, "'"));
+}
+
 absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, int64_t chunk_m,
                            const uint16_t* x, int64_t m, void* out, bool fp32_out,
-                           CUstream stream, bool pdl) {
+                           CUstream stream, Pdl pdl_mode) {
   const DeviceMatrixState& s = *w.state();
   ASSIGN_OR_RETURN(auto scope, ScopedDeviceContext::Enter(s.device));
   ASSIGN_OR_RETURN(LoadedKernel kernel, GetKernel(s.device, config));
   const int64_t row_blocks = Rows16(s) / 16;
   // z12: one extra CTA per dense row, before the row blocks.
   const int64_t grid_x = row_blocks + (s.format == WeightFormat::kZ12 ? s.n_dense : 0);
-  if (pdl) {
-    // griddepcontrol needs sm_90. And a grid that leaves many CTA slots idle launches plainly:
-    // there the next kernel's early CTAs crowd onto the idle slots, and the SMs that take most
-    // of them finish last (on the H200, 8192x28672 at m = 8 ran 11 % slower with PDL, its 512
-    // CTAs filling 65 % of the slots; grids that fill 97 % of them gained up to 10 %).
+  bool pdl = false;
+  if (pdl_mode != Pdl::kOff) {
+    // griddepcontrol needs sm_90. kAuto: a grid that leaves many CTA slots idle launches
+    // plainly: there the next kernel's early CTAs crowd onto the idle slots, and the SMs that
+    // take most of them finish last (on the H200, 8192x28672 at m = 8 ran 11 % slower with PDL,
+    // its 512 CTAs filling 65 % of the slots; grids that fill 97 % of them gained up to 10 %).
     ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(s.device));
     const int64_t slots = static_cast<int64_t>(kernel.blocks_per_sm) * info.limits.sm_count;
-    pdl = info.limits.cc_major >= 9 && grid_x * config.splits * 10 >= slots * kPdlMinFillTenths;
+    pdl = info.limits.cc_major >= 9 &&
+          (pdl_mode == Pdl::kAlways || grid_x * config.splits * 10 >= slots * kPdlMinFillTenths);
   }
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream, &capture));
@@ -274,7 +285,10 @@ absl::Status GemvAny(const DeviceMatrix& w, const uint16_t* x, int64_t m, void* 
     capturing = capture != CU_STREAM_CAPTURE_STATUS_NONE;
   }
   ASSIGN_OR_RETURN(GemvPlan plan, internal::PlanGemvInternal(w, m, options, !capturing));
-  const bool pdl = options.pdl || internal::GetEnvBool("GEMVZ_PDL", false);
+  Pdl pdl = options.pdl;
+  if (pdl == Pdl::kOff) {  // else GEMVZ_PDL
+    ASSIGN_OR_RETURN(pdl, internal::PdlFromEnv(internal::GetEnv("GEMVZ_PDL")));
+  }
   return internal::LaunchPlanned(w, plan.config, plan.chunk_m, x, m, out, fp32_out, stream, pdl);
 }
 

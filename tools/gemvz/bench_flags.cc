@@ -14,7 +14,7 @@ ABSL_FLAG(int64_t, rotate_mb, 512,
           "MiB of weight copies each path rotates through (well above the 60 MB L2)");
 ABSL_FLAG(uint64_t, seed, 0, "random seed for weights and x (0: a fresh one, printed)");
 ABSL_FLAG(bool, pdl, false,
-          "launch the library's GEMVs with programmatic dependent launch (GemvOptions::pdl)");
+          "launch the library's GEMVs with programmatic dependent launch (Pdl::kAuto)");
 ABSL_FLAG(std::string, zero_rows, "",
           "comma-separated rows set to all zeros in the weights (padded-vocabulary rows)");
 

@@ -497,7 +497,7 @@ absl::StatusOr<ShapeWorkload::GemvRun> ShapeWorkload::CheckAndTimeGemv(
   uint16_t* out = out_.bf16();
   CUstream stream = session_->stream();
   GemvOptions opts = options;
-  opts.pdl = opts.pdl || timing.pdl;
+  if (timing.pdl && opts.pdl == Pdl::kOff) opts.pdl = Pdl::kAuto;
   auto gemv_on = [&](int c) { return Gemv(copies[c], x, m, out, stream, opts); };
   ASSIGN_OR_RETURN(run.check, RunAndCheck(m, [&] { return gemv_on(0); }, &run.result));
   if (copies.size() > 1 && run.check.ok()) {
@@ -641,7 +641,7 @@ absl::StatusOr<std::vector<SequenceCase>> BenchSequence(const BenchTools& tools,
     c.m = m;
     c.ok = true;
     GemvOptions plain_launch, pdl_launch;
-    pdl_launch.pdl = true;
+    pdl_launch.pdl = Pdl::kAuto;
     // Path p of GEMV i on copy `copy`: 0/1 z12 plain/PDL, 2/3 plain BF16 plain/PDL, 4 cuBLAS.
     auto call = [&](int path, int i, int copy) -> absl::Status {
       const GemvOptions& o = (path == 1 || path == 3) ? pdl_launch : plain_launch;

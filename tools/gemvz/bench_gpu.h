@@ -84,7 +84,7 @@ struct TimingOptions {
   int replays = 20;        // timed graph replays; the median is reported
   int warmup_replays = 3;  // untimed replays first
   int min_launches = 64;   // launches captured in one graph (rounded up to the rotation)
-  bool pdl = false;        // the library's GEMVs launch with GemvOptions::pdl (--pdl)
+  bool pdl = false;        // the library's GEMVs launch with Pdl::kAuto (--pdl)
 };
 
 // Captures enqueue(0) .. enqueue(launches - 1) on `stream` into one CUDA graph, replays it
