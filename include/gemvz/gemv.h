@@ -67,8 +67,9 @@ struct GemvOptions {
   // Forces a configuration (any valid one; compiled at first use). Else GEMVZ_FORCE_CONFIG, else
   // the dispatcher's choice.
   std::optional<KernelConfig> config;
-  // Else GEMVZ_PDL: 1 (or auto) for kAuto, always for kAlways; unset or 0 for kOff.
-  Pdl pdl = Pdl::kOff;
+  // Programmatic dependent launch; unset: GEMVZ_PDL decides (1 or auto: kAuto, always: kAlways,
+  // unset or 0: kOff). An explicit value wins over the environment.
+  std::optional<Pdl> pdl;
 };
 
 // out[m, N] (device, BF16, row-major) = x[m, K] (device, BF16, row-major) times W^T, on `stream`

@@ -31,6 +31,10 @@ absl::StatusOr<const DriverApi*> LoadDriver() {
   }
   GEMVZ_DRIVER_FUNCTIONS(GEMVZ_LOAD_DRIVER_FN)
 #undef GEMVZ_LOAD_DRIVER_FN
+#define GEMVZ_LOAD_OPTIONAL_DRIVER_FN(name) \
+  api->name = reinterpret_cast<decltype(api->name)>(dlsym(lib, GEMVZ_XSTR_(name)));
+  GEMVZ_OPTIONAL_DRIVER_FUNCTIONS(GEMVZ_LOAD_OPTIONAL_DRIVER_FN)
+#undef GEMVZ_LOAD_OPTIONAL_DRIVER_FN
   const CUresult r = api->cuInit(0);
   if (r != CUDA_SUCCESS) {
     const char* name = nullptr;

@@ -50,7 +50,6 @@ namespace gemvz::internal {
   X(cuFuncSetAttribute)           \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(cuLaunchKernel)               \
-  X(cuLaunchKernelEx)             \
   X(cuStreamCreate)               \
   X(cuStreamDestroy)              \
   X(cuStreamSynchronize)          \
@@ -68,9 +67,14 @@ namespace gemvz::internal {
   X(cuGraphDestroy)               \
   X(cuGraphExecDestroy)
 
+// Entry points the library can do without: null when the driver lacks them (cuLaunchKernelEx
+// needs a CUDA 12 driver; without it GEMVs launch without programmatic dependent launch).
+#define GEMVZ_OPTIONAL_DRIVER_FUNCTIONS(X) X(cuLaunchKernelEx)
+
 struct DriverApi {
 #define GEMVZ_DECLARE_DRIVER_FN(name) decltype(&::name) name = nullptr;
   GEMVZ_DRIVER_FUNCTIONS(GEMVZ_DECLARE_DRIVER_FN)
+  GEMVZ_OPTIONAL_DRIVER_FUNCTIONS(GEMVZ_DECLARE_DRIVER_FN)
 #undef GEMVZ_DECLARE_DRIVER_FN
 };
 

@@ -497,7 +497,8 @@ absl::StatusOr<ShapeWorkload::GemvRun> ShapeWorkload::CheckAndTimeGemv(
   uint16_t* out = out_.bf16();
   CUstream stream = session_->stream();
   GemvOptions opts = options;
-  if (timing.pdl && opts.pdl == Pdl::kOff) opts.pdl = Pdl::kAuto;
+  // The mode is always explicit here, so GEMVZ_PDL cannot change what the report says (--pdl).
+  if (!opts.pdl) opts.pdl = timing.pdl ? Pdl::kAuto : Pdl::kOff;
   auto gemv_on = [&](int c) { return Gemv(copies[c], x, m, out, stream, opts); };
   ASSIGN_OR_RETURN(run.check, RunAndCheck(m, [&] { return gemv_on(0); }, &run.result));
   if (copies.size() > 1 && run.check.ok()) {
@@ -641,6 +642,7 @@ absl::StatusOr<std::vector<SequenceCase>> BenchSequence(const BenchTools& tools,
     c.m = m;
     c.ok = true;
     GemvOptions plain_launch, pdl_launch;
+    plain_launch.pdl = Pdl::kOff;
     pdl_launch.pdl = Pdl::kAuto;
     // Path p of GEMV i on copy `copy`: 0/1 z12 plain/PDL, 2/3 plain BF16 plain/PDL, 4 cuBLAS.
     auto call = [&](int path, int i, int copy) -> absl::Status {
