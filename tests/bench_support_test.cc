@@ -602,6 +602,21 @@ TEST(WriteJsonFile, WritesParsableJsonAndNamesUnwritablePaths) {
   EXPECT_NE(st.message().find("no/such/dir/out.json"), absl::string_view::npos) << st;
 }
 
+TEST(WriteJsonReport, SaysWhatItWroteOrWhyNot) {
+  const std::string dir = TempDir();
+  const nlohmann::json doc = {{"schema", kBenchSchema}, {"value", static_cast<int>(Rng()() % 1000)}};
+  ::testing::internal::CaptureStdout();
+  EXPECT_TRUE(WriteJsonReport("bench", dir + "/report.json", doc));
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(), "wrote " + dir + "/report.json\n");
+  std::ifstream in(dir + "/report.json");
+  EXPECT_EQ(nlohmann::json::parse(in), doc);
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(WriteJsonReport("tune", dir + "/no/such/dir/out.json", doc));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err.rfind("gemvz tune: ", 0), 0u) << err;
+  EXPECT_NE(err.find("no/such/dir/out.json"), std::string::npos) << err;
+}
+
 // --- Environment helpers ---------------------------------------------------------------------------
 
 TEST(Environment, TimestampCommitAndPath) {

@@ -90,13 +90,7 @@ int RunSequence(const BenchTools& tools, const std::vector<MatrixShape>& shapes,
   for (const SequenceCase& c : *cases) ok = ok && c.ok;
   if (!ok) std::printf("\nSOME RESULTS ARE WRONG: see stderr.\n");
   if (!json_path.empty()) {
-    if (absl::Status st = WriteJsonFile(json_path, SequenceReportToJson(env, shapes, *cases));
-        !st.ok()) {
-      std::fprintf(stderr, "gemvz bench: %s\n", std::string(st.message()).c_str());
-      ok = false;
-    } else {
-      std::printf("wrote %s\n", json_path.c_str());
-    }
+    ok = WriteJsonReport("bench", json_path, SequenceReportToJson(env, shapes, *cases)) && ok;
   }
   return ok ? 0 : 1;
 }
@@ -204,12 +198,7 @@ int RunBench(const std::vector<std::string>& args) {
     nlohmann::json doc = BenchReportToJson(report);
     doc["errors"] = errors;
     doc["ok"] = ok;
-    if (absl::Status st = WriteJsonFile(json_path, doc); !st.ok()) {
-      std::fprintf(stderr, "gemvz bench: %s\n", std::string(st.message()).c_str());
-      ok = false;
-    } else {
-      std::printf("wrote %s\n", json_path.c_str());
-    }
+    ok = WriteJsonReport("bench", json_path, doc) && ok;
   }
   if (!plot_path.empty()) {
     const std::string title = absl::StrFormat("gemvz z12 GEMV speedup, %s, %s", env.gpu_name,

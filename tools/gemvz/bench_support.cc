@@ -581,6 +581,15 @@ absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& doc) {
   return absl::OkStatus();
 }
 
+bool WriteJsonReport(const char* command, const std::string& path, const nlohmann::json& doc) {
+  if (absl::Status st = WriteJsonFile(path, doc); !st.ok()) {
+    std::fprintf(stderr, "gemvz %s: %s\n", command, std::string(st.message()).c_str());
+    return false;
+  }
+  std::printf("wrote %s\n", path.c_str());
+  return true;
+}
+
 std::string UtcTimestamp() {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
 }

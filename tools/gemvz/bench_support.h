@@ -185,6 +185,9 @@ nlohmann::json BenchReportToJson(const BenchReport& report);
 
 // Writes JSON text to `path` atomically (temporary file, fsync, rename).
 absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& doc);
+// WriteJsonFile for a command's --json: prints "wrote PATH" on stdout, or the error on stderr as
+// "gemvz COMMAND: ..."; returns whether the file was written.
+bool WriteJsonReport(const char* command, const std::string& path, const nlohmann::json& doc);
 
 // The current time as "2025-11-29T10:42:00Z".
 std::string UtcTimestamp();

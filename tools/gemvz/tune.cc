@@ -569,12 +569,7 @@ int RunTune(const std::vector<std::string>& args) {
     doc["results"] = std::move(results);
     doc["saved_to"] = saved_to.empty() ? nlohmann::json(nullptr) : nlohmann::json(saved_to);
     doc["ok"] = ok;
-    if (absl::Status st = WriteJsonFile(json_path, doc); !st.ok()) {
-      std::fprintf(stderr, "gemvz tune: %s\n", std::string(st.message()).c_str());
-      ok = false;
-    } else {
-      std::printf("wrote %s\n", json_path.c_str());
-    }
+    ok = WriteJsonReport("tune", json_path, doc) && ok;
   }
   return ok ? 0 : 1;
 }
