@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "gemvz/checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "tools/gemvz/bench_support.h"
 #include "tools/gemvz/command.h"
 #include "tools/gemvz/common_flags.h"
 
@@ -222,10 +222,9 @@ int RunPack(const std::vector<std::string>& args) {
   PrintReport(*report);
   const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << ReportJson(*report).dump(2) << "\n";
-    if (!f) {
-      std::fprintf(stderr, "gemvz pack: cannot write '%s'\n", json_path.c_str());
+    // Atomically, as bench and tune write theirs: an interrupted run leaves no half report.
+    if (absl::Status st = WriteJsonFile(json_path, ReportJson(*report)); !st.ok()) {
+      std::fprintf(stderr, "gemvz pack: %s\n", std::string(st.message()).c_str());
       return 1;
     }
   }
