@@ -60,7 +60,6 @@ __global__ void __launch_bounds__(NW * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 : 0))
   };
 
   if constexpr (PIPE == 0 || PIPE == 3) {
-    // The first trip's weights head for L2 while the previous kernel finishes; x and out wait.
     for (int i = 0; i < KGW; i += UG) {
       uint4 A[UG], C[UG], B[UG], D[UG];
 #pragma unroll

@@ -55,8 +55,8 @@ __device__ __forceinline__ uint4 decz(unsigned s0, unsigned s1, unsigned q, unsi
 // Programmatic dependent launch (sm_90+; no-ops below, and no-ops on sm_90 when the grid was
 // launched without the attribute). launch_dependents lets the next kernel in the stream start once
 // every CTA of this grid has started; pdl_wait blocks until the previous grid has finished and its
-// writes are visible. The GEMVs start their first weights (which no earlier kernel writes) on their
-// way before pdl_wait, and read x or write anything only after it.
+// writes are visible. Launched with PDL, the GEMVs start their first weights (which no earlier
+// kernel writes) towards L2 before pdl_wait; they read x or write anything only after it.
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

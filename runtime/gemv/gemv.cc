@@ -138,10 +138,11 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
   const int64_t grid_x = row_blocks + (s.format == WeightFormat::kZ12 ? s.n_dense : 0);
   bool pdl = false;
   if (pdl_mode != Pdl::kOff) {
-    // griddepcontrol needs sm_90, the launch a CUDA 12 driver (cuLaunchKernelEx). kAuto: a grid that leaves many CTA slots idle launches
-    // plainly: there the next kernel's early CTAs crowd onto the idle slots, and the SMs that
-    // take most of them finish last (on the H200, 8192x28672 at m = 8 ran 11 % slower with PDL,
-    // its 512 CTAs filling 65 % of the slots; grids that fill 97 % of them gained up to 10 %).
+    // griddepcontrol needs sm_90, the launch a CUDA 12 driver (cuLaunchKernelEx). kAuto: a grid
+    // that leaves many CTA slots idle launches plainly: there the next kernel's early CTAs crowd
+    // onto the idle slots, and the SMs that take most of them finish last (on the H200,
+    // 8192x28672 at m = 8 ran 11 % slower with PDL, its 512 CTAs filling 65 % of the slots;
+    // grids that fill 97 % of them gained up to 10 %).
     ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(s.device));
     const int64_t slots = static_cast<int64_t>(kernel.blocks_per_sm) * info.limits.sm_count;
     ASSIGN_OR_RETURN(const DriverApi* driver, Driver());
