@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -19,6 +20,14 @@ inline constexpr int64_t kMaxTokensPerLaunch = 8 * kMaxTokenBlocks;
 
 // The smallest NB (1..4) whose 8*NB rows cover min(m, 32).
 int TokenBlocksFor(int64_t m);
+
+// Every kernel the heuristic's shaped 12-bit rule (NB 1 and 2) may pick, with the CTAs per SM
+// that the rule counts on it holding (S = 1; HeuristicTest checks registers against it).
+struct HeuristicFamilyKernel {
+  KernelConfig config;
+  int ctas_per_sm;
+};
+std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels();
 
 // The configuration for one launch of `shape` (shape.m is the rows per launch; m above 32 is
 // planned as 32-row chunks), from, in order:

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "gemvz/dispatch.h"
 #include "runtime/dispatch/dispatcher.h"
@@ -95,7 +96,133 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
   return best;
 }
 
+// ---- The 12-bit kernel at NB 1 and 2 (m <= 16): size the grid to the GPU's resident slots.
+//
+// A grid of 1.3 waves runs its second wave nearly empty: 8192x8192 at m = 1 takes 28.7 us with
+// 3 CTAs per SM (512 CTAs in 396 slots) and 25.4 us with 4 (one wave). So the heuristic picks
+// the split S first (none unless the grid leaves SMs idle), then the kernel family whose CTAs per
+// SM waste the least of the last wave. Each family's CTAs per SM come from its launch bounds
+// (PIPE 2: minBlocks 2; PIPE 4..8: PIPE - 2) or, for PIPE 3, from the registers ptxas gives it;
+// HeuristicTest.FamiliesHoldTheirCtasPerSm compiles every family and checks both.
+// The families and the rule were fitted on the H200 (2026-11-29) to sweeps of 21 shapes at
+// m = 1, 8, 16 (docs/BENCHMARKS.md, "The heuristic"): 1.036x the best configuration measured in
+// geometric mean, against 1.131x for the previous, occupancy-blind rule.
+struct Family {
+  int ctas_per_sm;
+  int nw;
+  int pipe;
+  std::array<int, 3> ugs;  // in order of preference; 0 ends the list
+};
+
+struct Families {
+  Family wide;                 // grids of at most 2 CTAs per SM: the most warps per CTA
+  std::array<Family, 3> mid;   // 2 < CTAs per SM <= kMaxShapedCtasPerSm: the least-waste one
+  Family many;                 // more CTAs per SM: many waves, the best streamer
+};
+
+constexpr int64_t kMaxShapedCtasPerSm = 8;
+
+constexpr Families kNb1 = {
+    {2, 16, 2, {1, 0, 0}},       // 4096x{4096,8192,14336}, 3072x3072, 2048x2048 (UG 2 spills)
+    {{{3, 8, 3, {2, 1, 0}},      // 66-68 registers: 3 CTAs of 288 threads (UG 4: 98, 2 CTAs)
+      {4, 8, 6, {2, 1, 4}},      // 8192x8192, 8192x28672
+      {3, 8, 3, {2, 1, 0}}}},    // (a repeat: NB 1 has two)
+    {3, 8, 3, {2, 1, 0}},        // 28672x4096, 57344x8192, 128256x4096
+};
+constexpr Families kNb2 = {
+    {2, 8, 4, {4, 2, 1}},        // 4096x4096, 4096x8192, 3072x8192
+    {{{3, 8, 5, {1, 2, 0}},      // 6144x4096, 4608x3584
+      {4, 4, 6, {2, 1, 0}},      // 8192x8192, 8192x28672
+      {6, 4, 8, {1, 0, 0}}}},    // 10240x8192, 12288x4096
+    {4, 4, 6, {2, 1, 0}},        // 28672x4096, 57344x8192, 128256x4096
+};
+
+// A split costs a workspace round trip and a semaphore: on 2048x2048 and 1024x4096 one CTA per
+// row block over all of K beat every split measured, whatever the idle SMs.
+constexpr int64_t kMinSplitColumns = 8192;
+
+// The share of the last wave's slots that the grid fills, over all its waves.
+double WaveFill(int64_t need, int ctas_per_sm) {
+  const int64_t waves = (need + ctas_per_sm - 1) / ctas_per_sm;
+  return static_cast<double>(need) / static_cast<double>(waves * ctas_per_sm);
+}
+
+std::optional<KernelConfig> ShapedZ12(const GemvShape& shape, int nb, int sm_count) {
+  if (nb > 2) return std::nullopt;
+  const Families& fam = nb == 1 ? kNb1 : kNb2;
+  const GemvShape launch{std::min<int64_t>(shape.m, 8 * nb), shape.n, shape.k};
+  const DeviceLimits limits = DefaultDeviceLimits();
+  const int64_t row_blocks = shape.n / 16;
+  const int64_t groups = shape.k / 64;
+  // S = 1 when the row blocks alone give every SM a CTA. Otherwise the splits that keep
+  // kMinSplitColumns each: those that give every SM a CTA, least first; then the others, most
+  // CTAs first (S = 1 last).
+  std::vector<int> splits;
+  auto allowed = [&](int s) {
+    return s == 1 || (groups % s == 0 && shape.k / s >= kMinSplitColumns);
+  };
+  if (row_blocks >= sm_count) {
+    splits.push_back(1);
+  } else {
+    for (int s : kSplits) {
+      if (allowed(s) && row_blocks * s >= sm_count) splits.push_back(s);
+    }
+    for (auto it = kSplits.rbegin(); it != kSplits.rend(); ++it) {
+      if (allowed(*it) && row_blocks * *it < sm_count) splits.push_back(*it);
+    }
+  }
+  for (int s : splits) {
+    const int64_t need = (row_blocks * s + sm_count - 1) / sm_count;  // CTAs per SM, one wave
+    // Families in order of preference: the first whose warps and groups divide K is taken.
+    std::array<const Family*, 4> mid = {&fam.mid[0], &fam.mid[1], &fam.mid[2], &fam.many};
+    std::stable_sort(mid.begin(), mid.begin() + 3, [&](const Family* a, const Family* b) {
+      const double fa = WaveFill(need, a->ctas_per_sm), fb = WaveFill(need, b->ctas_per_sm);
+      if (fa != fb) return fa > fb;
+      return a->ctas_per_sm > b->ctas_per_sm;  // equal waste: fewer waves
+    });
+    std::array<const Family*, 5> order;
+    if (need <= 2) {
+      order = {&fam.wide, &fam.mid[0], &fam.mid[1], &fam.mid[2], &fam.many};
+    } else if (need <= kMaxShapedCtasPerSm) {
+      order = {mid[0], mid[1], mid[2], &fam.many, &fam.wide};
+    } else {
+      order = {&fam.many, mid[0], mid[1], mid[2], &fam.wide};
+    }
+    for (const Family* f : order) {
+      for (int ug : f->ugs) {
+        if (ug == 0) break;
+        const int64_t quantum = int64_t{s} * f->nw * ug;
+        if (groups % quantum != 0 || groups / quantum < kMinTripsPerWarp) continue;
+        const KernelConfig c{WeightFormat::kZ12, f->nw, ug, nb, f->pipe, s};
+        if (Validate(c, launch, limits).ok()) return c;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+namespace internal {
+
+std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
+  std::vector<HeuristicFamilyKernel> out;
+  for (int nb : {1, 2}) {
+    const Families& fam = nb == 1 ? kNb1 : kNb2;
+    for (const Family* f : {&fam.wide, &fam.mid[0], &fam.mid[1], &fam.mid[2], &fam.many}) {
+      for (int ug : f->ugs) {
+        if (ug == 0) break;
+        const KernelConfig c{WeightFormat::kZ12, f->nw, ug, nb, f->pipe, 1};
+        bool seen = false;
+        for (const HeuristicFamilyKernel& k : out) seen = seen || k.config == c;
+        if (!seen) out.push_back({c, f->ctas_per_sm});
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace internal
 
 KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm_count) {
   sm_count = std::max(sm_count, 1);
@@ -104,6 +231,9 @@ KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm
   // Fewer token blocks than m needs only when K admits no NW >= NB (K = 64 * odd and m > 8, say):
   // the caller then runs smaller chunks (GemvPlan::chunk_m).
   for (int nb = nb_wanted; nb >= 1; --nb) {
+    if (format == WeightFormat::kZ12) {
+      if (std::optional<KernelConfig> c = ShapedZ12(s, nb, sm_count)) return *c;
+    }
     if (std::optional<KernelConfig> c = BestWithTokenBlocks(s, format, nb, sm_count)) return *c;
   }
   // Only shapes no kernel takes (N % 16, K % 64) get here; Validate names their problem.
