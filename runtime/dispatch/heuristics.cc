@@ -100,7 +100,7 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
 //
 // A grid of 1.3 waves runs its second wave nearly empty: 8192x8192 at m = 1 takes 28.7 us with
 // 3 CTAs per SM (512 CTAs in 396 slots) and 25.4 us with 4 (one wave). So the heuristic picks
-// the split S first (none unless the grid leaves SMs idle), then the kernel family whose CTAs per
+// the split S first (none unless the row blocks leave SMs idle), then the kernel family whose CTAs per
 // SM waste the least of the last wave. Each family's CTAs per SM come from its launch bounds
 // (PIPE 2: minBlocks 2; PIPE 4..8: PIPE - 2) or, for PIPE 3, from the registers ptxas gives it;
 // HeuristicTest.FamiliesHoldTheirCtasPerSm compiles every family and checks both.
@@ -137,9 +137,12 @@ constexpr Families kNb2 = {
     {4, 4, 6, {2, 1, 0}},        // 28672x4096, 57344x8192, 128256x4096
 };
 
-// A split costs a workspace round trip and a semaphore: on 2048x2048 and 1024x4096 one CTA per
-// row block over all of K beat every split measured, whatever the idle SMs.
-constexpr int64_t kMinSplitColumns = 8192;
+// Split K only when the row blocks leave more than a tenth of the SMs idle, then as far as a
+// grid of two CTAs per SM while each split keeps 2048 columns: on the H200, 1024xK took S = 4
+// for K = 8192..28672 (S = 2: 3-13 % slower), 512x8192 S = 4 (S = 8: 12 % slower), 256x32768
+// S = 8; 2048x4096 and 2048x8192 (128 row blocks) ran fastest unsplit.
+constexpr int64_t kMinSplitColumns = 2048;
+constexpr int kMaxSplitCtasPerSm = 2;
 
 // The share of the last wave's slots that the grid fills, over all its waves.
 double WaveFill(int64_t need, int ctas_per_sm) {
@@ -154,23 +157,19 @@ std::optional<KernelConfig> ShapedZ12(const GemvShape& shape, int nb, int sm_cou
   const DeviceLimits limits = DefaultDeviceLimits();
   const int64_t row_blocks = shape.n / 16;
   const int64_t groups = shape.k / 64;
-  // S = 1 when the row blocks alone give every SM a CTA. Otherwise the splits that keep
-  // kMinSplitColumns each: those that give every SM a CTA, least first; then the others, most
-  // CTAs first (S = 1 last).
+  // S = 1 when the row blocks leave at most a tenth of the SMs idle; else the splits that keep
+  // kMinSplitColumns, largest first, from the largest that stays within kMaxSplitCtasPerSm.
   std::vector<int> splits;
-  auto allowed = [&](int s) {
-    return s == 1 || (groups % s == 0 && shape.k / s >= kMinSplitColumns);
-  };
-  if (row_blocks >= sm_count) {
-    splits.push_back(1);
-  } else {
-    for (int s : kSplits) {
-      if (allowed(s) && row_blocks * s >= sm_count) splits.push_back(s);
-    }
+  if (row_blocks * 10 < int64_t{sm_count} * 9) {
     for (auto it = kSplits.rbegin(); it != kSplits.rend(); ++it) {
-      if (allowed(*it) && row_blocks * *it < sm_count) splits.push_back(*it);
+      const int s = *it;
+      if (s > 1 && groups % s == 0 && shape.k / s >= kMinSplitColumns &&
+          row_blocks * s <= int64_t{kMaxSplitCtasPerSm} * sm_count) {
+        splits.push_back(s);
+      }
     }
   }
+  splits.push_back(1);
   for (int s : splits) {
     const int64_t need = (row_blocks * s + sm_count - 1) / sm_count;  // CTAs per SM, one wave
     // Families in order of preference: the first whose warps and groups divide K is taken.
