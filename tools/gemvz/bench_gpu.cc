@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -668,7 +669,19 @@ absl::StatusOr<std::vector<SequenceCase>> BenchSequence(const BenchTools& tools,
         }
       }
     }
-    const int passes = std::max(1, (tools.timing.min_launches + count - 1) / count);
+    // Whole rotations: a multiple of every GEMV's copy count (all paths), so that a replay
+    // starts on the copies the previous one used longest ago, as `gemvz bench` does. Past
+    // kMaxRotationPasses the copies' least common multiple is not worth the graph's size: one
+    // pass over such a sequence already reads many copies' worth of weights between reuses.
+    constexpr int64_t kMaxRotationPasses = 256;
+    int64_t rotation = 1;
+    for (int path = 0; path < 5; ++path) {
+      for (int i = 0; i < count; ++i) rotation = std::lcm(rotation, int64_t{copies(path, i)});
+    }
+    int passes = std::max(1, (tools.timing.min_launches + count - 1) / count);
+    if (rotation <= kMaxRotationPasses) {
+      passes = static_cast<int>((passes + rotation - 1) / rotation * rotation);
+    }
     c.launches = passes * count;
     double* times[5] = {&c.z12_us, &c.z12_pdl_us, &c.plain_us, &c.plain_pdl_us, &c.cublas_us};
     const char* names[5] = {"z12", "z12 PDL", "plain", "plain PDL", "cuBLAS"};
