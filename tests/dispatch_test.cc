@@ -707,10 +707,11 @@ TEST(HeuristicTest, FillsTheGpuWhenKAllows) {
       EXPECT_GE(row_blocks * c.splits, std::min<int64_t>(2 * sm, row_blocks * 8));
       continue;
     }
-    // 12-bit: no split unless the row blocks leave more than a tenth of the SMs idle; then the
-    // largest split that keeps 2048 columns and at most two CTAs per SM.
+    // 12-bit: no split unless the row blocks leave more than a tenth of the SMs idle (and
+    // K >= 8192, true here); then the largest split that keeps 2048 columns and at most two CTAs
+    // per SM.
     int64_t split = 1;
-    if (row_blocks * 10 < 9 * sm) {
+    if (row_blocks * 10 < 9 * sm && shape.k >= 8192) {
       for (int s : {2, 3, 4, 6, 8}) {
         if ((shape.k / 64) % s == 0 && shape.k / s >= 2048 && row_blocks * s <= 2 * sm) split = s;
       }
@@ -776,6 +777,8 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {1, 256, 32768, "z12.nw16.ug1.nb1.pipe2.s8"},    // the best, 7.33 us
       {8, 1024, 28672, "z12.nw16.ug1.nb1.pipe2.s4"},   // the best, 14.43 us (S = 8 was 17.40)
       {16, 2048, 4096, "z12.nw8.ug4.nb2.pipe4.s1"},    // the best, 6.36 us (S = 4 was 10.25)
+      {8, 1024, 4096, "z12.nw16.ug1.nb1.pipe2.s1"},    // the best, 4.68 us (S = 2: 5.48)
+      {1, 1024, 14336, "z12.nw8.ug1.nb1.pipe3.s4"},    // the best, 8.82 us
   };
   for (const Case& c : kCases) {
     EXPECT_EQ(HeuristicConfig(GemvShape{c.m, c.n, c.k}, WeightFormat::kZ12, 132).ToString(),

@@ -100,13 +100,13 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
 //
 // A grid of 1.3 waves runs its second wave nearly empty: 8192x8192 at m = 1 takes 28.7 us with
 // 3 CTAs per SM (512 CTAs in 396 slots) and 25.4 us with 4 (one wave). So the heuristic picks
-// the split S first (none unless the row blocks leave SMs idle), then the kernel family whose CTAs per
-// SM waste the least of the last wave. Each family's CTAs per SM come from its launch bounds
-// (PIPE 2: minBlocks 2; PIPE 4..8: PIPE - 2) or, for PIPE 3, from the registers ptxas gives it;
-// HeuristicTest.FamiliesHoldTheirCtasPerSm compiles every family and checks both.
-// The families and the rule were fitted on the H200 (2026-11-29) to sweeps of 21 shapes at
-// m = 1, 8, 16 (docs/BENCHMARKS.md, "The heuristic"): 1.036x the best configuration measured in
-// geometric mean, against 1.131x for the previous, occupancy-blind rule.
+// the split S first (none unless the row blocks leave SMs idle), then the kernel family whose
+// CTAs per SM waste the least of the last wave. Each family's CTAs per SM come from its launch
+// bounds (PIPE 2: minBlocks 2; PIPE 4..8: PIPE - 2) or, for PIPE 3, from the registers ptxas
+// gives it; HeuristicTest.FamiliesHoldTheirCtasPerSm compiles every family and checks both.
+// Fitted on the H200 (2026-11-29) to sweeps of 34 shapes at m = 1, 8, 16 (docs/BENCHMARKS.md,
+// "The heuristic"): 1.008x the best configuration measured in geometric mean over the 102 cases
+// (worst 1.15x), against 1.136x (worst 1.64x) for the previous, occupancy-blind rule.
 struct Family {
   int ctas_per_sm;
   int nw;
@@ -137,11 +137,13 @@ constexpr Families kNb2 = {
     {4, 4, 6, {2, 1, 0}},        // 28672x4096, 57344x8192, 128256x4096
 };
 
-// Split K only when the row blocks leave more than a tenth of the SMs idle, then as far as a
-// grid of two CTAs per SM while each split keeps 2048 columns: on the H200, 1024xK took S = 4
-// for K = 8192..28672 (S = 2: 3-13 % slower), 512x8192 S = 4 (S = 8: 12 % slower), 256x32768
-// S = 8; 2048x4096 and 2048x8192 (128 row blocks) ran fastest unsplit.
+// Split K only when the row blocks leave more than a tenth of the SMs idle and K is at least
+// kMinSplitK, then as far as a grid of two CTAs per SM while each split keeps 2048 columns: on
+// the H200, 1024xK took S = 4 for K = 8192..28672 (S = 2: 3-13 % slower), 512x8192 S = 4 (S = 8:
+// 12 % slower), 256x32768 S = 8; 2048x4096 and 2048x8192 (128 row blocks) ran fastest unsplit,
+// and so did 1024x4096 (4.59 us; S = 2: 5.35), whose whole GEMV is shorter than a split's cost.
 constexpr int64_t kMinSplitColumns = 2048;
+constexpr int64_t kMinSplitK = 8192;
 constexpr int kMaxSplitCtasPerSm = 2;
 
 // The share of the last wave's slots that the grid fills, over all its waves.
@@ -157,10 +159,11 @@ std::optional<KernelConfig> ShapedZ12(const GemvShape& shape, int nb, int sm_cou
   const DeviceLimits limits = DefaultDeviceLimits();
   const int64_t row_blocks = shape.n / 16;
   const int64_t groups = shape.k / 64;
-  // S = 1 when the row blocks leave at most a tenth of the SMs idle; else the splits that keep
-  // kMinSplitColumns, largest first, from the largest that stays within kMaxSplitCtasPerSm.
+  // S = 1 when the row blocks leave at most a tenth of the SMs idle or K is short; else the
+  // splits that keep kMinSplitColumns, largest first, from the largest that stays within
+  // kMaxSplitCtasPerSm, and S = 1 last.
   std::vector<int> splits;
-  if (row_blocks * 10 < int64_t{sm_count} * 9) {
+  if (row_blocks * 10 < int64_t{sm_count} * 9 && shape.k >= kMinSplitK) {
     for (auto it = kSplits.rbegin(); it != kSplits.rend(); ++it) {
       const int s = *it;
       if (s > 1 && groups % s == 0 && shape.k / s >= kMinSplitColumns &&
