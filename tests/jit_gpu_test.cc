@@ -9,6 +9,7 @@
 #include "gemvz/config.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/driver.h"
+#include "runtime/dispatch/dispatcher.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tests/support/jit_test_util.h"
 
@@ -66,6 +67,27 @@ TEST_F(JitGpuTest, LoadsOnDeviceZeroWithPtxasStatistics) {
     EXPECT_EQ(cache.counters().module_loads, loads);
   }
   EXPECT_EQ(cache.counters().module_loads, 2);
+}
+
+// The heuristic's shaped 12-bit rule counts CTAs per SM for each kernel family
+// (HeuristicTest.FamiliesHoldTheirCtasPerSm checks them from ptxas's registers); here the
+// driver's occupancy for the loaded kernels must agree, on an sm_90 GPU.
+TEST_F(JitGpuTest, HeuristicFamiliesHaveTheirCtasPerSmOnTheDriver) {
+  auto arch = DeviceArch(0);
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  if (*arch != "sm_90" && *arch != "sm_90a") {
+    GTEST_SKIP() << "the families' counts are for sm_90; device 0 is " << *arch;
+  }
+  TempDir dir;
+  KernelCache cache(RealKernelsIn(dir.path()));
+  for (const HeuristicFamilyKernel& f : HeuristicFamilyKernels()) {
+    auto k = cache.LoadForConfig(0, f.config);
+    ASSERT_TRUE(k.ok()) << k.status();
+    std::printf("%-26s %3d registers: %d CTAs per SM (driver), %d counted\n",
+                f.config.KernelName().c_str(), k->compiled->registers, k->blocks_per_sm,
+                f.ctas_per_sm);
+    EXPECT_EQ(k->blocks_per_sm, f.ctas_per_sm) << f.config.KernelName();
+  }
 }
 
 TEST_F(JitGpuTest, DiskHitToLoadedFunctionTime) {

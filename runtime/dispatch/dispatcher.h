@@ -25,7 +25,7 @@ int TokenBlocksFor(int64_t m);
 // that the rule counts on it holding (S = 1; HeuristicTest checks registers against it).
 struct HeuristicFamilyKernel {
   KernelConfig config;
-  int ctas_per_sm;
+  int ctas_per_sm = 0;
 };
 std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels();
 

@@ -120,11 +120,11 @@ struct Families {
   Family many;                 // more CTAs per SM: many waves, the best streamer
 };
 
-constexpr int64_t kMaxShapedCtasPerSm = 8;
+constexpr int kMaxShapedCtasPerSm = 8;
 
 constexpr Families kNb1 = {
     {2, 16, 2, {1, 0, 0}},       // 4096x{4096,8192,14336}, 3072x3072, 2048x2048 (UG 2 spills)
-    {{{3, 8, 3, {2, 1, 0}},      // 66-68 registers: 3 CTAs of 288 threads (UG 4: 98, 2 CTAs)
+    {{{3, 8, 3, {2, 1, 0}},      // 66-68 registers: 3 CTAs of 288 threads (UG 4: 98, 1 CTA)
       {4, 8, 6, {2, 1, 4}},      // 8192x8192, 8192x28672
       {3, 8, 3, {2, 1, 0}}}},    // (a repeat: NB 1 has two)
     {3, 8, 3, {2, 1, 0}},        // 28672x4096, 57344x8192, 128256x4096
@@ -136,6 +136,24 @@ constexpr Families kNb2 = {
       {6, 4, 8, {1, 0, 0}}}},    // 10240x8192, 12288x4096
     {4, 4, 6, {2, 1, 0}},        // 28672x4096, 57344x8192, 128256x4096
 };
+
+// A kernel that two families share must be counted with the same CTAs per SM.
+constexpr bool FamiliesCountAlike(const Families& fam) {
+  const Family* all[] = {&fam.wide, &fam.mid[0], &fam.mid[1], &fam.mid[2], &fam.many};
+  for (const Family* a : all) {
+    for (const Family* b : all) {
+      if (a->nw != b->nw || a->pipe != b->pipe || a->ctas_per_sm == b->ctas_per_sm) continue;
+      for (int ua : a->ugs) {
+        for (int ub : b->ugs) {
+          if (ua != 0 && ua == ub) return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+static_assert(FamiliesCountAlike(kNb1) && FamiliesCountAlike(kNb2),
+              "a kernel listed in two families with different CTAs per SM");
 
 // Split K only when the row blocks leave more than a tenth of the SMs idle and K is at least
 // kMinSplitK, then as far as a grid of two CTAs per SM while each split keeps 2048 columns: on
@@ -159,6 +177,7 @@ std::optional<KernelConfig> ShapedZ12(const GemvShape& shape, int nb, int sm_cou
   const DeviceLimits limits = DefaultDeviceLimits();
   const int64_t row_blocks = shape.n / 16;
   const int64_t groups = shape.k / 64;
+  if (row_blocks == 0 || groups == 0) return std::nullopt;  // Validate names the problem
   // S = 1 when the row blocks leave at most a tenth of the SMs idle or K is short; else the
   // splits that keep kMinSplitColumns, largest first, from the largest that stays within
   // kMaxSplitCtasPerSm, and S = 1 last.
@@ -176,10 +195,11 @@ std::optional<KernelConfig> ShapedZ12(const GemvShape& shape, int nb, int sm_cou
   for (int s : splits) {
     const int64_t need = (row_blocks * s + sm_count - 1) / sm_count;  // CTAs per SM, one wave
     // Families in order of preference: the first whose warps and groups divide K is taken.
-    std::array<const Family*, 4> mid = {&fam.mid[0], &fam.mid[1], &fam.mid[2], &fam.many};
-    std::stable_sort(mid.begin(), mid.begin() + 3, [&](const Family* a, const Family* b) {
-      const double fa = WaveFill(need, a->ctas_per_sm), fb = WaveFill(need, b->ctas_per_sm);
-      if (fa != fb) return fa > fb;
+    std::array<const Family*, 3> mid = {&fam.mid[0], &fam.mid[1], &fam.mid[2]};
+    std::stable_sort(mid.begin(), mid.end(), [&](const Family* a, const Family* b) {
+      const double fill_a = WaveFill(need, a->ctas_per_sm);
+      const double fill_b = WaveFill(need, b->ctas_per_sm);
+      if (fill_a != fill_b) return fill_a > fill_b;
       return a->ctas_per_sm > b->ctas_per_sm;  // equal waste: fewer waves
     });
     std::array<const Family*, 5> order;
@@ -215,7 +235,7 @@ std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
       for (int ug : f->ugs) {
         if (ug == 0) break;
         const KernelConfig c{WeightFormat::kZ12, f->nw, ug, nb, f->pipe, 1};
-        bool seen = false;
+        bool seen = false;  // listed twice: counted alike (FamiliesCountAlike)
         for (const HeuristicFamilyKernel& k : out) seen = seen || k.config == c;
         if (!seen) out.push_back({c, f->ctas_per_sm});
       }
@@ -233,6 +253,8 @@ KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm
   // Fewer token blocks than m needs only when K admits no NW >= NB (K = 64 * odd and m > 8, say):
   // the caller then runs smaller chunks (GemvPlan::chunk_m).
   for (int nb = nb_wanted; nb >= 1; --nb) {
+    // K that no family's warps divide (4096x11008: 172 groups) falls back to the old rule,
+    // whose z12.nw2.ug1.nb1.pipe3.s2 there was the fastest configuration measured.
     if (format == WeightFormat::kZ12) {
       if (std::optional<KernelConfig> c = ShapedZ12(s, nb, sm_count)) return *c;
     }
