@@ -674,13 +674,19 @@ absl::StatusOr<std::vector<SequenceCase>> BenchSequence(const BenchTools& tools,
     // kMaxRotationPasses the copies' least common multiple is not worth the graph's size: one
     // pass over such a sequence already reads many copies' worth of weights between reuses.
     constexpr int64_t kMaxRotationPasses = 256;
-    int64_t rotation = 1;
-    for (int path = 0; path < 5; ++path) {
-      for (int i = 0; i < count; ++i) rotation = std::lcm(rotation, int64_t{copies(path, i)});
+    int64_t rotation = 1;  // stops growing once past the cap, so it cannot overflow
+    for (int path = 0; path < 5 && rotation <= kMaxRotationPasses; ++path) {
+      for (int i = 0; i < count && rotation <= kMaxRotationPasses; ++i) {
+        rotation = std::lcm(rotation, int64_t{copies(path, i)});
+      }
     }
     int passes = std::max(1, (tools.timing.min_launches + count - 1) / count);
     if (rotation <= kMaxRotationPasses) {
       passes = static_cast<int>((passes + rotation - 1) / rotation * rotation);
+    } else {
+      Progress(absl::StrFormat("[sequence] m=%d: %d passes, not whole rotations (the copies' "
+                               "least common multiple exceeds %d)",
+                               m, passes, kMaxRotationPasses));
     }
     c.launches = passes * count;
     double* times[5] = {&c.z12_us, &c.z12_pdl_us, &c.plain_us, &c.plain_pdl_us, &c.cublas_us};
