@@ -37,8 +37,9 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
 // The dispatcher's choice without a tuned entry.
 KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm_count = 132);
 
-// The distinct kernels (splits ignored) of the built-in table and the heuristic for the suite:
-// what `gemvz warmup --all-default` compiles.
+// The distinct kernels (splits ignored) of the built-in table, of the heuristic for the suite,
+// and every kernel the heuristic's 12-bit rule can pick for other shapes: what
+// `gemvz warmup --all_default` compiles.
 std::vector<KernelConfig> DefaultWarmupConfigs();
 
 }  // namespace gemvz
