@@ -69,7 +69,7 @@ TEST_F(JitGpuTest, LoadsOnDeviceZeroWithPtxasStatistics) {
   EXPECT_EQ(cache.counters().module_loads, 2);
 }
 
-// The heuristic's shaped 12-bit rule counts CTAs per SM for each kernel family
+// The heuristic's shaped rule counts CTAs per SM for each kernel family (both formats)
 // (HeuristicTest.FamiliesHoldTheirCtasPerSm checks them from ptxas's registers); here the
 // driver's occupancy for the loaded kernels must agree, on an sm_90 GPU.
 TEST_F(JitGpuTest, HeuristicFamiliesHaveTheirCtasPerSmOnTheDriver) {

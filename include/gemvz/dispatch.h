@@ -38,7 +38,7 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
 KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm_count = 132);
 
 // The distinct kernels (splits ignored) of the built-in table, of the heuristic for the suite,
-// and every kernel the heuristic's 12-bit rule can pick for other shapes: what
+// and every kernel the heuristic's shaped rule can pick for other shapes: what
 // `gemvz warmup --all_default` compiles.
 std::vector<KernelConfig> DefaultWarmupConfigs();
 

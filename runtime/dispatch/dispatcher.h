@@ -21,8 +21,9 @@ inline constexpr int64_t kMaxTokensPerLaunch = 8 * kMaxTokenBlocks;
 // The smallest NB (1..4) whose 8*NB rows cover min(m, 32).
 int TokenBlocksFor(int64_t m);
 
-// Every kernel the heuristic's shaped 12-bit rule (NB 1 and 2) may pick, with the CTAs per SM
-// that the rule counts on it holding (S = 1; HeuristicTest checks registers against it).
+// Every kernel the heuristic's shaped rule (NB 1 and 2, both formats) may pick, with the CTAs
+// per SM that the rule counts on it holding (S = 1; HeuristicTest checks registers against it,
+// JitGpuTest the driver's occupancy).
 struct HeuristicFamilyKernel {
   KernelConfig config;
   int ctas_per_sm = 0;

@@ -96,50 +96,81 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
   return best;
 }
 
-// ---- The 12-bit kernel at NB 1 and 2 (m <= 16): size the grid to the GPU's resident slots.
+// ---- NB 1 and 2 (m <= 16): size the grid to the GPU's resident slots.
 //
 // A grid of 1.3 waves runs its second wave nearly empty: 8192x8192 at m = 1 takes 28.7 us with
 // 3 CTAs per SM (512 CTAs in 396 slots) and 25.4 us with 4 (one wave). So the heuristic picks
 // the split S first (none unless the row blocks leave SMs idle), then the kernel family whose
 // CTAs per SM waste the least of the last wave. Each family's CTAs per SM come from its launch
-// bounds (PIPE 2: minBlocks 2; PIPE 4..8: PIPE - 2) or, for PIPE 3, from the registers ptxas
-// gives it; HeuristicTest.FamiliesHoldTheirCtasPerSm compiles every family and checks both.
+// bounds (PIPE 2: minBlocks 2; 12-bit PIPE 4..8: PIPE - 2) or from the registers ptxas gives
+// it; HeuristicTest.FamiliesHoldTheirCtasPerSm compiles every family and checks the count, and
+// JitGpuTest compares it with the driver's occupancy.
 // Fitted on the H200 (2026-11-29) to sweeps of 34 shapes at m = 1, 8, 16 (docs/BENCHMARKS.md,
-// "The heuristic"): 1.008x the best configuration measured in geometric mean over the 102 cases
-// (worst 1.15x), against 1.136x (worst 1.64x) for the previous, occupancy-blind rule.
+// "The heuristic"), in geometric mean over the 102 cases: 12-bit 1.008x the best configuration
+// measured (worst 1.15x), against 1.136x (worst 1.64x) for the previous, occupancy-blind rule;
+// plain BF16 1.017x (worst 1.13x) against 1.186x (worst 2.03x).
 struct Family {
-  int ctas_per_sm;
+  int ctas_per_sm;  // 0: an unused slot of Families::mid
   int nw;
   int pipe;
   std::array<int, 3> ugs;  // in order of preference; 0 ends the list
 };
 
 struct Families {
-  Family wide;                 // grids of at most 2 CTAs per SM: the most warps per CTA
-  std::array<Family, 3> mid;   // 2 < CTAs per SM <= kMaxShapedCtasPerSm: the least-waste one
-  Family many;                 // more CTAs per SM: many waves, the best streamer
+  Family wide;                // grids of at most wide.ctas_per_sm CTAs per SM: the most warps
+  std::array<Family, 5> mid;  // up to kMaxShapedCtasPerSm CTAs per SM: the least-waste one
+  Family many;                // more CTAs per SM: many waves, the best streamer
 };
 
 constexpr int kMaxShapedCtasPerSm = 8;
 
-constexpr Families kNb1 = {
-    {2, 16, 2, {1, 0, 0}},       // 4096x{4096,8192,14336}, 3072x3072, 2048x2048 (UG 2 spills)
-    {{{3, 8, 3, {2, 1, 0}},      // 66-68 registers: 3 CTAs of 288 threads (UG 4: 98, 1 CTA)
-      {4, 8, 6, {2, 1, 4}},      // 8192x8192, 8192x28672
-      {3, 8, 3, {2, 1, 0}}}},    // (a repeat: NB 1 has two)
-    {3, 8, 3, {2, 1, 0}},        // 28672x4096, 57344x8192, 128256x4096
+// 12-bit, NB 1.
+constexpr Families kZ12Nb1 = {
+    {2, 16, 2, {1, 0, 0}},  // 4096x{4096,8192,14336}, 3072x3072, 2048x2048 (UG 2 spills)
+    {{{3, 8, 3, {2, 1, 0}},  // 66-68 registers: 3 CTAs of 288 threads (UG 4: 98, 1 CTA)
+      {4, 8, 6, {2, 1, 4}},  // 8192x8192, 8192x28672
+      {}, {}, {}}},
+    {3, 8, 3, {2, 1, 0}},  // 28672x4096, 57344x8192, 128256x4096
 };
-constexpr Families kNb2 = {
-    {2, 8, 4, {4, 2, 1}},        // 4096x4096, 4096x8192, 3072x8192
-    {{{3, 8, 5, {1, 2, 0}},      // 6144x4096, 4608x3584
-      {4, 4, 6, {2, 1, 0}},      // 8192x8192, 8192x28672
-      {6, 4, 8, {1, 0, 0}}}},    // 10240x8192, 12288x4096
-    {4, 4, 6, {2, 1, 0}},        // 28672x4096, 57344x8192, 128256x4096
+// 12-bit, NB 2: fewer, heavier warps (about 90 registers uncapped).
+constexpr Families kZ12Nb2 = {
+    {2, 8, 4, {4, 2, 1}},  // 4096x4096, 4096x8192, 3072x8192
+    {{{3, 8, 5, {1, 2, 0}},  // 6144x4096, 4608x3584
+      {4, 4, 6, {2, 1, 0}},  // 8192x8192, 8192x28672
+      {6, 4, 8, {1, 0, 0}},  // 10240x8192, 12288x4096
+      {}, {}}},
+    {4, 4, 6, {2, 1, 0}},  // 28672x4096, 57344x8192, 128256x4096
 };
+// Plain BF16 (NW warps, no exception warp): 106-128 registers at NB 1 and 128-156 at NB 2 hold
+// about 16 warps per SM whatever NW, so NW sets the grain of a wave.
+constexpr Families kBf16Nb1 = {
+    {1, 16, 3, {2, 1, 4}},  // 114 registers: 2048x4096, 1024x8192, 1024x14336
+    {{{2, 8, 3, {2, 1, 4}},  // 4096x8192, 8192x28672
+      {3, 8, 1, {1, 0, 0}},  // 70 registers: 6144x4096, 4608x3584, 5120x5120
+      {4, 4, 3, {2, 1, 0}},
+      {5, 4, 1, {2, 0, 0}},  // 96 registers: 8192x8192, 10240x8192
+      {8, 2, 3, {2, 1, 0}}}},
+    {2, 8, 3, {2, 1, 4}},  // 28672x4096, 22016x4096, 128256x4096
+};
+constexpr Families kBf16Nb2 = {
+    {1, 16, 3, {2, 1, 4}},  // 2048x2048, 2048x4096, 2048x8192
+    {{{2, 8, 1, {2, 1, 0}},  // 4096x4096, 4096x8192, 4096x14336
+      {3, 4, 3, {2, 1, 0}},  // 154-156 registers: 4608x3584, 5120x5120, 6144x4096
+      {4, 4, 1, {2, 0, 0}},  // 128 registers (UG 1: 88, 5 CTAs): 8192x8192, 8192x28672
+      {6, 2, 3, {2, 4, 1}},  // 10240x8192, 12288x4096
+      {8, 2, 1, {2, 0, 0}}}},  // 16384x3072, 15360x5120
+    {4, 4, 1, {2, 0, 0}},  // 57344x8192, 128256x4096
+};
+
+const Families& FamiliesFor(WeightFormat format, int nb) {
+  if (format == WeightFormat::kZ12) return nb == 1 ? kZ12Nb1 : kZ12Nb2;
+  return nb == 1 ? kBf16Nb1 : kBf16Nb2;
+}
 
 // A kernel that two families share must be counted with the same CTAs per SM.
 constexpr bool FamiliesCountAlike(const Families& fam) {
-  const Family* all[] = {&fam.wide, &fam.mid[0], &fam.mid[1], &fam.mid[2], &fam.many};
+  const Family* all[] = {&fam.wide,   &fam.mid[0], &fam.mid[1], &fam.mid[2],
+                         &fam.mid[3], &fam.mid[4], &fam.many};
   for (const Family* a : all) {
     for (const Family* b : all) {
       if (a->nw != b->nw || a->pipe != b->pipe || a->ctas_per_sm == b->ctas_per_sm) continue;
@@ -152,7 +183,8 @@ constexpr bool FamiliesCountAlike(const Families& fam) {
   }
   return true;
 }
-static_assert(FamiliesCountAlike(kNb1) && FamiliesCountAlike(kNb2),
+static_assert(FamiliesCountAlike(kZ12Nb1) && FamiliesCountAlike(kZ12Nb2) &&
+                  FamiliesCountAlike(kBf16Nb1) && FamiliesCountAlike(kBf16Nb2),
               "a kernel listed in two families with different CTAs per SM");
 
 // Split K only when the row blocks leave more than a tenth of the SMs idle and K is at least
@@ -160,6 +192,7 @@ static_assert(FamiliesCountAlike(kNb1) && FamiliesCountAlike(kNb2),
 // the H200, 1024xK took S = 4 for K = 8192..28672 (S = 2: 3-13 % slower), 512x8192 S = 4 (S = 8:
 // 12 % slower), 256x32768 S = 8; 2048x4096 and 2048x8192 (128 row blocks) ran fastest unsplit,
 // and so did 1024x4096 (4.59 us; S = 2: 5.35), whose whole GEMV is shorter than a split's cost.
+// (12-bit sweeps; the plain kernel's agree but for 1024x8192, 1.13x unsplit.)
 constexpr int64_t kMinSplitColumns = 2048;
 constexpr int64_t kMinSplitK = 8192;
 constexpr int kMaxSplitCtasPerSm = 2;
@@ -170,9 +203,10 @@ double WaveFill(int64_t need, int ctas_per_sm) {
   return static_cast<double>(need) / static_cast<double>(waves * ctas_per_sm);
 }
 
-std::optional<KernelConfig> ShapedZ12(const GemvShape& shape, int nb, int sm_count) {
+std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, int nb,
+                                   int sm_count) {
   if (nb > 2) return std::nullopt;
-  const Families& fam = nb == 1 ? kNb1 : kNb2;
+  const Families& fam = FamiliesFor(format, nb);
   const GemvShape launch{std::min<int64_t>(shape.m, 8 * nb), shape.n, shape.k};
   const DeviceLimits limits = DefaultDeviceLimits();
   const int64_t row_blocks = shape.n / 16;
@@ -192,30 +226,40 @@ std::optional<KernelConfig> ShapedZ12(const GemvShape& shape, int nb, int sm_cou
     }
   }
   splits.push_back(1);
+  std::vector<const Family*> mid;
+  for (const Family& f : fam.mid) {
+    if (f.ctas_per_sm > 0) mid.push_back(&f);
+  }
   for (int s : splits) {
     const int64_t need = (row_blocks * s + sm_count - 1) / sm_count;  // CTAs per SM, one wave
     // Families in order of preference: the first whose warps and groups divide K is taken.
-    std::array<const Family*, 3> mid = {&fam.mid[0], &fam.mid[1], &fam.mid[2]};
-    std::stable_sort(mid.begin(), mid.end(), [&](const Family* a, const Family* b) {
+    std::vector<const Family*> by_fill = mid;
+    std::stable_sort(by_fill.begin(), by_fill.end(), [&](const Family* a, const Family* b) {
       const double fill_a = WaveFill(need, a->ctas_per_sm);
       const double fill_b = WaveFill(need, b->ctas_per_sm);
       if (fill_a != fill_b) return fill_a > fill_b;
       return a->ctas_per_sm > b->ctas_per_sm;  // equal waste: fewer waves
     });
-    std::array<const Family*, 5> order;
-    if (need <= 2) {
-      order = {&fam.wide, &fam.mid[0], &fam.mid[1], &fam.mid[2], &fam.many};
+    std::vector<const Family*> order;
+    if (need <= fam.wide.ctas_per_sm) {
+      order.push_back(&fam.wide);
+      order.insert(order.end(), mid.begin(), mid.end());
+      order.push_back(&fam.many);
     } else if (need <= kMaxShapedCtasPerSm) {
-      order = {mid[0], mid[1], mid[2], &fam.many, &fam.wide};
+      order = by_fill;
+      order.push_back(&fam.many);
+      order.push_back(&fam.wide);
     } else {
-      order = {&fam.many, mid[0], mid[1], mid[2], &fam.wide};
+      order.push_back(&fam.many);
+      order.insert(order.end(), by_fill.begin(), by_fill.end());
+      order.push_back(&fam.wide);
     }
     for (const Family* f : order) {
       for (int ug : f->ugs) {
         if (ug == 0) break;
         const int64_t quantum = int64_t{s} * f->nw * ug;
         if (groups % quantum != 0 || groups / quantum < kMinTripsPerWarp) continue;
-        const KernelConfig c{WeightFormat::kZ12, f->nw, ug, nb, f->pipe, s};
+        const KernelConfig c{format, f->nw, ug, nb, f->pipe, s};
         if (Validate(c, launch, limits).ok()) return c;
       }
     }
@@ -229,15 +273,21 @@ namespace internal {
 
 std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
   std::vector<HeuristicFamilyKernel> out;
-  for (int nb : {1, 2}) {
-    const Families& fam = nb == 1 ? kNb1 : kNb2;
-    for (const Family* f : {&fam.wide, &fam.mid[0], &fam.mid[1], &fam.mid[2], &fam.many}) {
-      for (int ug : f->ugs) {
-        if (ug == 0) break;
-        const KernelConfig c{WeightFormat::kZ12, f->nw, ug, nb, f->pipe, 1};
-        bool seen = false;  // listed twice: counted alike (FamiliesCountAlike)
-        for (const HeuristicFamilyKernel& k : out) seen = seen || k.config == c;
-        if (!seen) out.push_back({c, f->ctas_per_sm});
+  for (WeightFormat format : {WeightFormat::kZ12, WeightFormat::kBf16}) {
+    for (int nb : {1, 2}) {
+      const Families& fam = FamiliesFor(format, nb);
+      std::vector<const Family*> all = {&fam.wide, &fam.many};
+      for (const Family& f : fam.mid) {
+        if (f.ctas_per_sm > 0) all.push_back(&f);
+      }
+      for (const Family* f : all) {
+        for (int ug : f->ugs) {
+          if (ug == 0) break;
+          const KernelConfig c{format, f->nw, ug, nb, f->pipe, 1};
+          bool seen = false;  // listed twice: counted alike (FamiliesCountAlike)
+          for (const HeuristicFamilyKernel& k : out) seen = seen || k.config == c;
+          if (!seen) out.push_back({c, f->ctas_per_sm});
+        }
       }
     }
   }
@@ -255,9 +305,7 @@ KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm
   for (int nb = nb_wanted; nb >= 1; --nb) {
     // K that no family's warps divide (4096x11008: 172 groups) falls back to the old rule,
     // whose z12.nw2.ug1.nb1.pipe3.s2 there was the fastest configuration measured.
-    if (format == WeightFormat::kZ12) {
-      if (std::optional<KernelConfig> c = ShapedZ12(s, nb, sm_count)) return *c;
-    }
+    if (std::optional<KernelConfig> c = Shaped(s, format, nb, sm_count)) return *c;
     if (std::optional<KernelConfig> c = BestWithTokenBlocks(s, format, nb, sm_count)) return *c;
   }
   // Only shapes no kernel takes (N % 16, K % 64) get here; Validate names their problem.

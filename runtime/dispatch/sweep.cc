@@ -57,7 +57,7 @@ std::vector<KernelConfig> DefaultWarmupConfigs() {
       for (int64_t m = 1; m <= 16; ++m) add(HeuristicConfig(GemvShape{m, nk[0], nk[1]}, format));
     }
   }
-  // Every kernel the heuristic's 12-bit rule can pick, so that shapes outside the table (a 70B
+  // Every kernel the heuristic's shaped rule can pick, so that shapes outside the table (a 70B
   // model's o and gate_up, say) start warm too.
   for (const internal::HeuristicFamilyKernel& k : internal::HeuristicFamilyKernels()) {
     add(k.config);

@@ -52,7 +52,7 @@ constexpr char kWarmupUsage[] =
     "                   skipped; an invalid line stops the run before anything is compiled and\n"
     "                   is named as FILE:LINE. '-' reads standard input.\n"
     "  --all_default    every distinct kernel of the built-in tuned table, of the heuristic\n"
-    "                   over the benchmark suite, and every kernel the heuristic's 12-bit rule\n"
+    "                   over the benchmark suite, and every kernel the heuristic's shaped rule\n"
     "                   can pick for other shapes (gemvz::DefaultWarmupConfigs()); this is\n"
     "                   what runs when no configuration is given at all\n"
     "  --j=N            compiles in parallel (default 0: one per core)\n"
