@@ -679,7 +679,7 @@ TEST(HeuristicTest, AlwaysValidForRandomShapes) {
   }
 }
 
-// The CTAs per SM that the heuristic counts on for one of its shaped 12-bit kernels (0: none).
+// The CTAs per SM that the heuristic counts on for one of its shaped kernels (0: none).
 int FamilyCtasPerSm(const KernelConfig& c) {
   for (const HeuristicFamilyKernel& k : HeuristicFamilyKernels()) {
     if (k.config.KernelName() == c.KernelName()) return k.ctas_per_sm;
@@ -736,6 +736,7 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
       EXPECT_EQ(c.nw, e.wide_nw);
       EXPECT_EQ(c.pipe, e.wide_pipe);
     } else if (need <= 8) {
+      EXPECT_GT(ctas, e.wide_ctas);  // one of the mid families (every one divides this K)
       for (const HeuristicFamilyKernel& k : families) {
         if (k.config.format != f || k.config.nb != c.nb || k.ctas_per_sm <= e.wide_ctas) continue;
         EXPECT_GE(fill(ctas), fill(k.ctas_per_sm)) << "wastes more than " << k.config.ToString();
@@ -878,12 +879,18 @@ TEST(HeuristicTest, ResidentCtasFollowTheOccupancyRules) {
   EXPECT_EQ(ResidentCtasSm90(KernelConfig{WeightFormat::kZ12, 4, 1, 2, 8, 1}, 64, 5192), 6);
   EXPECT_EQ(ResidentCtasSm90(KernelConfig{WeightFormat::kZ12, 1, 1, 1, 3, 1}, 16, 0), 32);
   EXPECT_EQ(ResidentCtasSm90(KernelConfig{WeightFormat::kZ12, 8, 1, 1, 3, 1}, 32, 100000), 2);
+  // The plain kernel has no exception warp: NW 16 at 114 registers is 16 warps, 1 CTA (the 12-bit
+  // kernel's 17 warps would not fit once); NW 4 at 96 registers: 5 per sub-partition, 20, 5 CTAs.
+  EXPECT_EQ(ResidentCtasSm90(KernelConfig{WeightFormat::kBf16, 16, 2, 1, 3, 1}, 114, 4100), 1);
+  EXPECT_EQ(ResidentCtasSm90(KernelConfig{WeightFormat::kZ12, 16, 2, 1, 3, 1}, 114, 4100), 0);
+  EXPECT_EQ(ResidentCtasSm90(KernelConfig{WeightFormat::kBf16, 4, 2, 1, 1, 1}, 96, 2052), 5);
 }
 
 TEST(HeuristicTest, FamiliesHoldTheirCtasPerSm) {
-  // Each shaped 12-bit kernel must not spill, and exactly the CTAs per SM that the rule counts on
-  // must be resident: fewer would leave the grid a second wave, more would mean the rule's
-  // choice between families rests on a stale count (ptxas gave the kernel fewer registers).
+  // Each shaped kernel (both formats) must not spill, and exactly the CTAs per SM that the rule
+  // counts on must be resident: fewer would leave the grid a second wave, more would mean the
+  // rule's choice between families rests on a stale count (ptxas gave the kernel fewer
+  // registers).
   TempDir tmp;
   ScopedEnv cache("GEMVZ_CACHE_DIR", tmp.path().c_str());
   ScopedEnv enabled("GEMVZ_DISABLE_DISK_CACHE", nullptr);

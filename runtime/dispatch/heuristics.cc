@@ -108,7 +108,7 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
 // Fitted on the H200 (2026-11-29) to sweeps of 34 shapes at m = 1, 8, 16 (docs/BENCHMARKS.md,
 // "The heuristic"), in geometric mean over the 102 cases: 12-bit 1.008x the best configuration
 // measured (worst 1.15x), against 1.136x (worst 1.64x) for the previous, occupancy-blind rule;
-// plain BF16 1.017x (worst 1.13x) against 1.186x (worst 2.03x).
+// plain BF16 1.017x (worst 1.13x) against 1.153x (worst 2.03x).
 struct Family {
   int ctas_per_sm;  // 0: an unused slot of Families::mid
   int nw;
@@ -141,25 +141,26 @@ constexpr Families kZ12Nb2 = {
       {}, {}}},
     {4, 4, 6, {2, 1, 0}},  // 28672x4096, 57344x8192, 128256x4096
 };
-// Plain BF16 (NW warps, no exception warp): 106-128 registers at NB 1 and 128-156 at NB 2 hold
-// about 16 warps per SM whatever NW, so NW sets the grain of a wave.
+// Plain BF16 (NW warps, no exception warp): 70-116 registers at NB 1 and 88-156 at NB 2 hold
+// about 16 warps per SM whatever NW, so NW sets the grain of a wave. The shapes named are the
+// swept ones each family's kernels serve.
 constexpr Families kBf16Nb1 = {
-    {1, 16, 3, {2, 1, 4}},  // 114 registers: 2048x4096, 1024x8192, 1024x14336
-    {{{2, 8, 3, {2, 1, 4}},  // 4096x8192, 8192x28672
-      {3, 8, 1, {1, 0, 0}},  // 70 registers: 6144x4096, 4608x3584, 5120x5120
-      {4, 4, 3, {2, 1, 0}},
-      {5, 4, 1, {2, 0, 0}},  // 96 registers: 8192x8192, 10240x8192
-      {8, 2, 3, {2, 1, 0}}}},
-    {2, 8, 3, {2, 1, 4}},  // 28672x4096, 22016x4096, 128256x4096
+    {1, 16, 3, {2, 1, 4}},  // 114-116 registers: 2048x2048, 2048x4096, 2048x8192, 256x32768
+    {{{2, 8, 3, {2, 1, 4}},  // 4096x4096, 4096x8192, 3072x3072, 1024x8192 (S = 4)
+      {3, 8, 1, {1, 0, 0}},  // 70 registers: 6144x4096, 4608x3584, 5120x5120, 12288x4096
+      {4, 4, 3, {2, 1, 0}},  // 8192x8192, 8192x28672
+      {5, 4, 1, {2, 0, 0}},  // 96 registers: 10240x8192
+      {8, 2, 3, {2, 1, 0}}}},  // 16384x3072, 15360x5120
+    {2, 8, 3, {2, 1, 4}},  // 28672x4096, 22016x4096, 57344x8192, 128256x4096
 };
 constexpr Families kBf16Nb2 = {
-    {1, 16, 3, {2, 1, 4}},  // 2048x2048, 2048x4096, 2048x8192
-    {{{2, 8, 1, {2, 1, 0}},  // 4096x4096, 4096x8192, 4096x14336
+    {1, 16, 3, {2, 1, 4}},  // 2048x2048, 2048x4096, 2048x8192, 256x32768
+    {{{2, 8, 1, {2, 1, 0}},  // 4096x4096, 4096x8192, 4096x14336, 3072x3072
       {3, 4, 3, {2, 1, 0}},  // 154-156 registers: 4608x3584, 5120x5120, 6144x4096
       {4, 4, 1, {2, 0, 0}},  // 128 registers (UG 1: 88, 5 CTAs): 8192x8192, 8192x28672
       {6, 2, 3, {2, 4, 1}},  // 10240x8192, 12288x4096
       {8, 2, 1, {2, 0, 0}}}},  // 16384x3072, 15360x5120
-    {4, 4, 1, {2, 0, 0}},  // 57344x8192, 128256x4096
+    {4, 4, 1, {2, 0, 0}},  // 28672x4096, 57344x8192, 128256x4096
 };
 
 const Families& FamiliesFor(WeightFormat format, int nb) {
@@ -183,6 +184,24 @@ constexpr bool FamiliesCountAlike(const Families& fam) {
   }
   return true;
 }
+// The wide family holds the fewest CTAs per SM and mid lists the others in ascending order (the
+// order the rule tries them in when the grid fits the wide family), empty slots last.
+constexpr bool FamiliesAscend(const Families& fam) {
+  int last = fam.wide.ctas_per_sm;
+  bool empty_seen = false;
+  for (const Family& f : fam.mid) {
+    if (f.ctas_per_sm == 0) {
+      empty_seen = true;
+      continue;
+    }
+    if (empty_seen || f.ctas_per_sm <= last) return false;
+    last = f.ctas_per_sm;
+  }
+  return true;
+}
+static_assert(FamiliesAscend(kZ12Nb1) && FamiliesAscend(kZ12Nb2) && FamiliesAscend(kBf16Nb1) &&
+                  FamiliesAscend(kBf16Nb2),
+              "families out of order");
 static_assert(FamiliesCountAlike(kZ12Nb1) && FamiliesCountAlike(kZ12Nb2) &&
                   FamiliesCountAlike(kBf16Nb1) && FamiliesCountAlike(kBf16Nb2),
               "a kernel listed in two families with different CTAs per SM");
@@ -192,7 +211,8 @@ static_assert(FamiliesCountAlike(kZ12Nb1) && FamiliesCountAlike(kZ12Nb2) &&
 // the H200, 1024xK took S = 4 for K = 8192..28672 (S = 2: 3-13 % slower), 512x8192 S = 4 (S = 8:
 // 12 % slower), 256x32768 S = 8; 2048x4096 and 2048x8192 (128 row blocks) ran fastest unsplit,
 // and so did 1024x4096 (4.59 us; S = 2: 5.35), whose whole GEMV is shorter than a split's cost.
-// (12-bit sweeps; the plain kernel's agree but for 1024x8192, 1.13x unsplit.)
+// (12-bit sweeps; the plain kernel's agree but for 1024x8192, where S = 4 is 1.13x the unsplit
+// best.)
 constexpr int64_t kMinSplitColumns = 2048;
 constexpr int64_t kMinSplitK = 8192;
 constexpr int kMaxSplitCtasPerSm = 2;
