@@ -32,11 +32,7 @@ __global__ void __launch_bounds__(NW * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 : 0))
   }
   pdl_wait();
   const unsigned short* xr[NB];
-#pragma unroll
-  for (int nb = 0; nb < NB; nb++) {
-    const int tok = min(nb * 8 + g, M - 1);
-    xr[nb] = p.x + static_cast<size_t>(tok) * p.ldx + g0 * 64 + t * 8;
-  }
+  x_rows<NB>(p.x, p.ldx, M, g0, g, t, xr);
   float acc[NB][4];
 #pragma unroll
   for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
@@ -104,9 +100,7 @@ __global__ void __launch_bounds__(NW * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 : 0))
       }
     }
   }
-#pragma unroll
-  for (int nb = 0; nb < NB; nb++)
-    red[warp][nb * 32 + lane] = make_float4(acc[nb][0], acc[nb][1], acc[nb][2], acc[nb][3]);
+  park_partials<NW, NB>(red, warp, lane, acc);
   __syncthreads();
 
   float4 r = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -103,6 +103,27 @@ __device__ __forceinline__ void add4(float4& r, const float4 v) {
   r.w += v.w;
 }
 
+// Lane (g, t)'s x rows for token blocks 0..NB-1, at the warp's first group g0 and k = 8t: token
+// nb*8 + g, clamped to M - 1 (rows past M compute garbage that is never stored).
+template <int NB>
+__device__ __forceinline__ void x_rows(const unsigned short* x, long long ldx, int M, int g0,
+                                       int g, int t, const unsigned short* (&xr)[NB]) {
+#pragma unroll
+  for (int nb = 0; nb < NB; nb++) {
+    const int tok = min(nb * 8 + g, M - 1);
+    xr[nb] = x + static_cast<size_t>(tok) * ldx + g0 * 64 + t * 8;
+  }
+}
+
+// A streaming warp parks its C fragments (one float4 per lane and token block) for the sum.
+template <int NW, int NB>
+__device__ __forceinline__ void park_partials(float4 (&red)[NW][NB * 32], int warp, int lane,
+                                              const float (&acc)[NB][4]) {
+#pragma unroll
+  for (int nb = 0; nb < NB; nb++)
+    red[warp][nb * 32 + lane] = make_float4(acc[nb][0], acc[nb][1], acc[nb][2], acc[nb][3]);
+}
+
 // Thread tid < NB*32 adds the NW warps' partial C fragments in warp order (deterministic).
 template <int NW, int NB>
 __device__ __forceinline__ float4 sum_warp_partials(const float4 (&red)[NW][NB * 32], int tid) {

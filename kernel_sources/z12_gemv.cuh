@@ -133,11 +133,7 @@ __global__ void __launch_bounds__((NW + 1) * 32,
     // One (row block, group) is 96 16-byte units: sections 0, 1, 2 of 32 lanes each.
     const uint4* wp = static_cast<const uint4*>(p.w) + (static_cast<size_t>(rb) * KG + g0) * 96 + lane;
     const unsigned short* xr[NB];
-#pragma unroll
-    for (int nb = 0; nb < NB; nb++) {
-      const int tok = min(nb * 8 + g, M - 1);  // rows past M compute garbage that is never stored
-      xr[nb] = p.x + static_cast<size_t>(tok) * p.ldx + g0 * 64 + t * 8;
-    }
+    x_rows<NB>(p.x, p.ldx, M, g0, g, t, xr);
     float acc[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
@@ -236,9 +232,7 @@ __global__ void __launch_bounds__((NW + 1) * 32,
         }
       }
     }
-#pragma unroll
-    for (int nb = 0; nb < NB; nb++)
-      red[warp][nb * 32 + lane] = make_float4(acc[nb][0], acc[nb][1], acc[nb][2], acc[nb][3]);
+    park_partials<NW, NB>(red, warp, lane, acc);
   }
   __syncthreads();  // red, ecorr and s_dense complete
 
