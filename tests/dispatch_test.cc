@@ -26,7 +26,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gemvz/config.h"
 #include "gemvz/runtime.h"
@@ -797,10 +796,10 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {16, 2048, 4096, "bf16.nw16.ug2.nb2.pipe3.s1"},  // 7.56 us, best 7.46 (was 15.12)
   };
   for (const Case& c : kCases) {
-    const WeightFormat f = absl::StartsWith(c.config, "z12") ? WeightFormat::kZ12
-                                                              : WeightFormat::kBf16;
-    EXPECT_EQ(HeuristicConfig(GemvShape{c.m, c.n, c.k}, f, 132).ToString(), c.config)
-        << "m" << c.m << " " << c.n << "x" << c.k;
+    const KernelConfig want = KernelConfig::Parse(c.config).value();
+    const KernelConfig got = HeuristicConfig(GemvShape{c.m, c.n, c.k}, want.format, 132);
+    EXPECT_EQ(got, want) << "m" << c.m << " " << c.n << "x" << c.k << ": " << got.ToString()
+                         << ", want " << c.config;
   }
 }
 
