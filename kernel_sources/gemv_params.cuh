@@ -13,11 +13,11 @@ struct Z12Params {
   const unsigned short* dense_values;       // [dense rows][K] original BF16
   const int* dense_global_rows;             // [dense rows] the row each one is
   void* out;                                // [M][ldo] BF16, or FP32 with flags bit 1
-  void* ws;                                 // split-K partials: [N/16][S][NB*32] float4
-  int* sem;                                 // [N/16] arrival counters, zero between calls
+  void* ws;                                 // split-K partials: [N/16/RB][S][RB*NB*32] float4
+  int* sem;                                 // [N/16/RB] arrival counters, zero between calls
   long long ldx;
   long long ldo;
-  int M, N, K, S;  // grid: (n_dense + N/16, S)
+  int M, N, K, S;  // grid: (n_dense + N/16/RB, S)
   int n_dense;      // dense rows: blockIdx.x < n_dense computes dense row blockIdx.x
   unsigned int tl, th;  // window lookup words
   int flags;            // bit 0: skip the corrections (to measure their cost; wrong results)

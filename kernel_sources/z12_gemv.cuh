@@ -1,9 +1,12 @@
-// The compressed GEMV (seed chapter 8): one CTA = one 16-row block x one K slice (blockIdx.y of
+// The compressed GEMV (seed chapter 8): one CTA = RB 16-row blocks x one K slice (blockIdx.y of
 // S). NW streaming warps decode 12-bit weights in registers and feed mma.sync m16n8k16; warp NW
-// applies the exact sparse corrections at the same time. Dense rows (most weights outside the
-// window, e.g. all-zero padded vocabulary rows) get one extra CTA each, before the row blocks:
-// it computes the row from its original BF16 values with all its threads, in parallel with the
-// rest, and the row block's CTA leaves that row's output to it.
+// applies the exact sparse corrections at the same time. With RB 2 every streaming warp streams
+// its K range of both row blocks at once and feeds both from one load of x's fragments: the
+// same bytes in flight as UG 2 with fewer registers (x's fragments are the larger share at NB 2).
+// Dense rows (most weights outside the window, e.g. all-zero padded vocabulary rows) get one
+// extra CTA each, before the row blocks: it computes the row from its original BF16 values with
+// all its threads, in parallel with the rest, and the row block's CTA leaves that row's output to
+// it.
 // PIPE: 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2), 4..8 plain loop
 // with minBlocks PIPE - 2 (a register cap that buys more CTAs per SM, so more loads in flight)
 // and two accumulator chains (half the dependent mma latency per trip).
@@ -11,34 +14,40 @@
 
 #include "common.cuh"
 
-template <int NW, int UG, int NB, int PIPE>
+template <int NW, int UG, int NB, int PIPE, int RB = 1>
 __global__ void __launch_bounds__((NW + 1) * 32,
                                   (PIPE == 2 ? 2 : PIPE == 3 ? 1 : PIPE >= 4 ? PIPE - 2 : 0))
     gemvz_z12_kernel(const Z12Params p) {
   using namespace gemvz_dev;
   static_assert(NW >= NB, "the first NB warps do the final reduction");
+  static_assert(RB == 1 || RB == 2, "s_dense holds 32 rows");
+  static_assert(NW + 1 >= RB * NB, "the first RB*NB*32 threads do the final reduction");
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  // cb: this CTA's pair (RB 2) or single row block (RB 1); negative for a dense row's CTA.
   // Dense rows' CTAs come first, so they start in the first wave and end long before the last
   // row block (last, they waited for a free slot and then ran alone: +50 % measured at m = 16).
-  const int rb = static_cast<int>(blockIdx.x) - p.n_dense, sidx = blockIdx.y;
+  const int cb = static_cast<int>(blockIdx.x) - p.n_dense, sidx = blockIdx.y;
   const int KG = p.K / 64, KGS = KG / p.S, KGW = KGS / NW;
   const int M = p.M;
-  __shared__ float4 red[NW][NB * 32];
-  __shared__ float ecorr[16][NB * 8 + 1];  // +1: 16 lanes writing 16 rows hit 16 banks
-  __shared__ unsigned s_dense;             // bit r: row r is dense (its own CTA stores it)
+  __shared__ float4 red[NW][RB * NB * 32];
+  __shared__ float ecorr[RB * 16][NB * 8 + 1];  // +1: 16 lanes writing 16 rows hit 16 banks
+  __shared__ unsigned s_dense;  // bit j*16 + r: row r of block j is dense (its CTA stores it)
   __shared__ int s_last;
   // Programmatic dependent launch: let the next kernel start once every CTA has started; when
   // launched with PDL (flags bit 2), pull this warp's first trip of weights into L2 while the
   // previous kernel finishes; then wait for it before anything reads x or writes (no-ops when
   // launched without PDL).
   pdl_launch_dependents();
-  if ((p.flags & 4) && rb >= 0 && warp < NW && lane == 0) {
-    const size_t first = (static_cast<size_t>(rb) * KG + sidx * KGS + warp * KGW) * 96;
-    prefetch_l2_bulk(static_cast<const uint4*>(p.w) + first, UG * 96 * 16);
+  if ((p.flags & 4) && cb >= 0 && warp < NW && lane == 0) {
+#pragma unroll
+    for (int j = 0; j < RB; j++) {
+      const size_t first = (static_cast<size_t>(cb * RB + j) * KG + sidx * KGS + warp * KGW) * 96;
+      prefetch_l2_bulk(static_cast<const uint4*>(p.w) + first, UG * 96 * 16);
+    }
   }
   pdl_wait();
 
-  if (rb < 0) {
+  if (cb < 0) {
     // ---- A dense row's CTA: out[tok][row] = sum_k orig[k] * x[tok][k], all threads over K in
     // 16-byte chunks (every load independent: one memory round trip), then a fixed-order sum.
     if (sidx != 0 || (p.flags & 1)) return;  // once per row, not per K slice
@@ -93,68 +102,80 @@ __global__ void __launch_bounds__((NW + 1) * 32,
   }
 
   if (warp == NW) {
-    // ---- Exception warp: lane -> (row r, tokens p, p+2, ...); fixed order, so deterministic.
+    // ---- Exception warp: lane -> (row r, tokens p, p+2, ...) for each row block in turn; fixed
+    // order, so deterministic.
     const int r = lane & 15, par = lane >> 4;
     const int klo = sidx * KGS * 64, khi = klo + KGS * 64;
     const bool corrections = !(p.flags & 1);
-    float ea[NB * 4];
+    unsigned dense_mask = 0;  // rows whose own CTA stores them
 #pragma unroll
-    for (int q = 0; q < NB * 4; q++) ea[q] = 0.f;
-    if (corrections) {
-      const int row = rb * 16 + r;
-      const int2* ep = static_cast<const int2*>(p.entries);
-      const unsigned e1 = __ldg(p.row_offsets + row + 1);
+    for (int j = 0; j < RB; j++) {
+      const int rb = cb * RB + j;
+      float ea[NB * 4];
+#pragma unroll
+      for (int q = 0; q < NB * 4; q++) ea[q] = 0.f;
+      if (corrections) {
+        const int row = rb * 16 + r;
+        const int2* ep = static_cast<const int2*>(p.entries);
+        const unsigned e1 = __ldg(p.row_offsets + row + 1);
 #pragma unroll 2
-      for (unsigned e = __ldg(p.row_offsets + row); e < e1; e++) {
-        const int2 en = __ldg(ep + e);
-        if (en.x >= klo && en.x < khi) {  // each correction belongs to exactly one K slice
-          const float d = __int_as_float(en.y);
+        for (unsigned e = __ldg(p.row_offsets + row); e < e1; e++) {
+          const int2 en = __ldg(ep + e);
+          if (en.x >= klo && en.x < khi) {  // each correction belongs to exactly one K slice
+            const float d = __int_as_float(en.y);
 #pragma unroll
-          for (int q = 0; q < NB * 4; q++) {
-            const int tok = par + 2 * q;
-            if (tok < M) ea[q] += d * bf16_to_float(p.x[static_cast<size_t>(tok) * p.ldx + en.x]);
+            for (int q = 0; q < NB * 4; q++) {
+              const int tok = par + 2 * q;
+              if (tok < M) ea[q] += d * bf16_to_float(p.x[static_cast<size_t>(tok) * p.ldx + en.x]);
+            }
           }
         }
       }
-    }
 #pragma unroll
-    for (int q = 0; q < NB * 4; q++) ecorr[r][par + 2 * q] = ea[q];
-    unsigned dense_mask = 0;  // rows whose own CTA stores them
-    if (corrections && lane == 0) {
-      const unsigned d1 = __ldg(p.dense_block_offsets + rb + 1);
-      for (unsigned d = __ldg(p.dense_block_offsets + rb); d < d1; d++) {
-        dense_mask |= 1u << __ldg(p.dense_rows + d);
+      for (int q = 0; q < NB * 4; q++) ecorr[j * 16 + r][par + 2 * q] = ea[q];
+      if (corrections && lane == 0) {
+        const unsigned d1 = __ldg(p.dense_block_offsets + rb + 1);
+        for (unsigned d = __ldg(p.dense_block_offsets + rb); d < d1; d++) {
+          dense_mask |= 1u << (j * 16 + __ldg(p.dense_rows + d));
+        }
       }
     }
     if (lane == 0) s_dense = dense_mask;
   } else {
-    // ---- Streaming warps.
+    // ---- Streaming warps: RB row blocks at once, each group's x fragments shared by all.
     const int g0 = sidx * KGS + warp * KGW;  // this warp's first group
-    // One (row block, group) is 96 16-byte units: sections 0, 1, 2 of 32 lanes each.
-    const uint4* wp = static_cast<const uint4*>(p.w) + (static_cast<size_t>(rb) * KG + g0) * 96 + lane;
+    // One (row block, group) is 96 16-byte units: sections 0, 1, 2 of 32 lanes each. Row block j
+    // of this CTA starts j * KG * 96 units further on.
+    const uint4* wp =
+        static_cast<const uint4*>(p.w) + (static_cast<size_t>(cb * RB) * KG + g0) * 96 + lane;
     const unsigned short* xr[NB];
     x_rows<NB>(p.x, p.ldx, M, g0, g, t, xr);
-    float acc[NB][4];
+    float acc[RB * NB][4];  // [j * NB + nb]: row block j, token block nb
 #pragma unroll
-    for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+    for (int b = 0; b < RB * NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
     const unsigned TL = p.tl, TH = p.th;
 
     if constexpr (PIPE == 0 || PIPE >= 3) {
       // PIPE >= 4: the second half of each group's mma go to a second accumulator, so a trip's
-      // chain of dependent mma is half as long (PIPE 0/3: accb is acc itself, the same code).
-      float acc2[NB][4];
+      // chain of dependent mma is half as long (PIPE 0/3, and RB 2, whose two row blocks are
+      // two chains already: accb is acc itself).
+      constexpr bool kTwoChains = PIPE >= 4 && RB == 1;
+      float acc2[RB * NB][4];
 #pragma unroll
-      for (int nb = 0; nb < NB; nb++) acc2[nb][0] = acc2[nb][1] = acc2[nb][2] = acc2[nb][3] = 0.f;
-      float(&accb)[NB][4] = PIPE >= 4 ? acc2 : acc;
+      for (int b = 0; b < RB * NB; b++) acc2[b][0] = acc2[b][1] = acc2[b][2] = acc2[b][3] = 0.f;
+      float(&accb)[RB * NB][4] = kTwoChains ? acc2 : acc;
       for (int i = 0; i < KGW; i += UG) {
-        uint4 A0[UG], A1[UG], B[UG];
+        uint4 A0[UG][RB], A1[UG][RB], B[UG][RB];
 #pragma unroll
-        for (int u = 0; u < UG; u++) {  // all loads first: 3 x 16 bytes per group per lane
-          const uint4* q = wp + static_cast<size_t>(i + u) * 96;
-          A0[u] = ld_stream(q);
-          A1[u] = ld_stream(q + 32);
-          B[u] = ld_stream(q + 64);
-        }
+        for (int u = 0; u < UG; u++)  // all loads first: 3 x 16 bytes per group per lane
+#pragma unroll
+          for (int j = 0; j < RB; j++) {
+            const uint4* q =
+                wp + static_cast<size_t>(j) * KG * 96 + static_cast<size_t>(i + u) * 96;
+            A0[u][j] = ld_stream(q);
+            A1[u][j] = ld_stream(q + 32);
+            B[u][j] = ld_stream(q + 64);
+          }
 #pragma unroll
         for (int u = 0; u < UG; u++) {
           uint4 xa[NB], xb[NB];  // k 8t..8t+7 of the group's first / second 32
@@ -163,34 +184,39 @@ __global__ void __launch_bounds__((NW + 1) * 32,
             xa[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64));
             xb[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64 + 32));
           }
-          const uint4 f0 = decz(A0[u].x, A0[u].y, B[u].x, TL, TH);
-          const uint4 f1 = decz(A0[u].z, A0[u].w, B[u].y, TL, TH);
-          const uint4 f2 = decz(A1[u].x, A1[u].y, B[u].z, TL, TH);
-          const uint4 f3 = decz(A1[u].z, A1[u].w, B[u].w, TL, TH);
 #pragma unroll
-          for (int nb = 0; nb < NB; nb++) {
-            mma_bf16(acc[nb], f0, xa[nb].x, xa[nb].y);
-            mma_bf16(acc[nb], f1, xa[nb].z, xa[nb].w);
-            mma_bf16(accb[nb], f2, xb[nb].x, xb[nb].y);
-            mma_bf16(accb[nb], f3, xb[nb].z, xb[nb].w);
+          for (int j = 0; j < RB; j++) {
+            const uint4 f0 = decz(A0[u][j].x, A0[u][j].y, B[u][j].x, TL, TH);
+            const uint4 f1 = decz(A0[u][j].z, A0[u][j].w, B[u][j].y, TL, TH);
+            const uint4 f2 = decz(A1[u][j].x, A1[u][j].y, B[u][j].z, TL, TH);
+            const uint4 f3 = decz(A1[u][j].z, A1[u][j].w, B[u][j].w, TL, TH);
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+              mma_bf16(acc[j * NB + nb], f0, xa[nb].x, xa[nb].y);
+              mma_bf16(acc[j * NB + nb], f1, xa[nb].z, xa[nb].w);
+              mma_bf16(accb[j * NB + nb], f2, xb[nb].x, xb[nb].y);
+              mma_bf16(accb[j * NB + nb], f3, xb[nb].z, xb[nb].w);
+            }
           }
         }
       }
-      if constexpr (PIPE >= 4) {
+      if constexpr (kTwoChains) {
 #pragma unroll
-        for (int nb = 0; nb < NB; nb++)
+        for (int b = 0; b < RB * NB; b++)
 #pragma unroll
-          for (int q = 0; q < 4; q++) acc[nb][q] += acc2[nb][q];
+          for (int q = 0; q < 4; q++) acc[b][q] += acc2[b][q];
       }
     } else {
-      uint4 A0[UG], A1[UG], B[UG];
+      uint4 A0[UG][RB], A1[UG][RB], B[UG][RB];
 #pragma unroll
-      for (int u = 0; u < UG; u++) {  // prologue: the first UG groups
-        const uint4* q = wp + static_cast<size_t>(u) * 96;
-        A0[u] = ld_stream(q);
-        A1[u] = ld_stream(q + 32);
-        B[u] = ld_stream(q + 64);
-      }
+      for (int u = 0; u < UG; u++)  // prologue: the first UG groups
+#pragma unroll
+        for (int j = 0; j < RB; j++) {
+          const uint4* q = wp + static_cast<size_t>(j) * KG * 96 + static_cast<size_t>(u) * 96;
+          A0[u][j] = ld_stream(q);
+          A1[u][j] = ld_stream(q + 32);
+          B[u][j] = ld_stream(q + 64);
+        }
       for (int i = 0; i < KGW; i += UG) {
         uint4 xa[UG][NB], xb[UG][NB];
 #pragma unroll
@@ -200,55 +226,63 @@ __global__ void __launch_bounds__((NW + 1) * 32,
             xa[u][nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64));
             xb[u][nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64 + 32));
           }
-        uint4 nA0[UG], nA1[UG], nB[UG];
+        uint4 nA0[UG][RB], nA1[UG][RB], nB[UG][RB];
         if (i + UG < KGW) {  // next groups' weights in flight while these decode
 #pragma unroll
-          for (int u = 0; u < UG; u++) {
-            const uint4* q = wp + static_cast<size_t>(i + UG + u) * 96;
-            nA0[u] = ld_stream(q);
-            nA1[u] = ld_stream(q + 32);
-            nB[u] = ld_stream(q + 64);
+          for (int u = 0; u < UG; u++)
+#pragma unroll
+            for (int j = 0; j < RB; j++) {
+              const uint4* q =
+                  wp + static_cast<size_t>(j) * KG * 96 + static_cast<size_t>(i + UG + u) * 96;
+              nA0[u][j] = ld_stream(q);
+              nA1[u][j] = ld_stream(q + 32);
+              nB[u][j] = ld_stream(q + 64);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UG; u++)
+#pragma unroll
+          for (int j = 0; j < RB; j++) {
+            const uint4 f0 = decz(A0[u][j].x, A0[u][j].y, B[u][j].x, TL, TH);
+            const uint4 f1 = decz(A0[u][j].z, A0[u][j].w, B[u][j].y, TL, TH);
+            const uint4 f2 = decz(A1[u][j].x, A1[u][j].y, B[u][j].z, TL, TH);
+            const uint4 f3 = decz(A1[u][j].z, A1[u][j].w, B[u][j].w, TL, TH);
+#pragma unroll
+            for (int nb = 0; nb < NB; nb++) {
+              mma_bf16(acc[j * NB + nb], f0, xa[u][nb].x, xa[u][nb].y);
+              mma_bf16(acc[j * NB + nb], f1, xa[u][nb].z, xa[u][nb].w);
+              mma_bf16(acc[j * NB + nb], f2, xb[u][nb].x, xb[u][nb].y);
+              mma_bf16(acc[j * NB + nb], f3, xb[u][nb].z, xb[u][nb].w);
+            }
           }
-        }
 #pragma unroll
-        for (int u = 0; u < UG; u++) {
-          const uint4 f0 = decz(A0[u].x, A0[u].y, B[u].x, TL, TH);
-          const uint4 f1 = decz(A0[u].z, A0[u].w, B[u].y, TL, TH);
-          const uint4 f2 = decz(A1[u].x, A1[u].y, B[u].z, TL, TH);
-          const uint4 f3 = decz(A1[u].z, A1[u].w, B[u].w, TL, TH);
+        for (int u = 0; u < UG; u++)
 #pragma unroll
-          for (int nb = 0; nb < NB; nb++) {
-            mma_bf16(acc[nb], f0, xa[u][nb].x, xa[u][nb].y);
-            mma_bf16(acc[nb], f1, xa[u][nb].z, xa[u][nb].w);
-            mma_bf16(acc[nb], f2, xb[u][nb].x, xb[u][nb].y);
-            mma_bf16(acc[nb], f3, xb[u][nb].z, xb[u][nb].w);
+          for (int j = 0; j < RB; j++) {
+            A0[u][j] = nA0[u][j];
+            A1[u][j] = nA1[u][j];
+            B[u][j] = nB[u][j];
           }
-        }
-#pragma unroll
-        for (int u = 0; u < UG; u++) {
-          A0[u] = nA0[u];
-          A1[u] = nA1[u];
-          B[u] = nB[u];
-        }
       }
     }
-    park_partials<NW, NB>(red, warp, lane, acc);
+    park_partials<NW, RB * NB>(red, warp, lane, acc);
   }
   __syncthreads();  // red, ecorr and s_dense complete
 
-  // ---- Combine: thread tid < NB*32 owns C-fragment (rows g, g+8; tokens nbo*8 + 2t, +1).
+  // ---- Combine: thread tid < RB*NB*32 owns row block jb's C fragment (rows g, g+8; tokens
+  // nbo*8 + 2t, +1).
   float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
-  const bool active = tid < NB * 32;
-  const int nbo = tid >> 5;
+  const bool active = tid < RB * NB * 32;
+  const int jb = RB == 1 ? 0 : tid / (NB * 32), nbo = RB == 1 ? tid >> 5 : (tid >> 5) % NB;
   if (active) {
-    r = sum_warp_partials<NW, NB>(red, tid);
-    r.x += ecorr[g][nbo * 8 + 2 * t];
-    r.y += ecorr[g][nbo * 8 + 2 * t + 1];
-    r.z += ecorr[g + 8][nbo * 8 + 2 * t];
-    r.w += ecorr[g + 8][nbo * 8 + 2 * t + 1];
+    r = sum_warp_partials<NW, RB * NB>(red, tid);
+    r.x += ecorr[jb * 16 + g][nbo * 8 + 2 * t];
+    r.y += ecorr[jb * 16 + g][nbo * 8 + 2 * t + 1];
+    r.z += ecorr[jb * 16 + g + 8][nbo * 8 + 2 * t];
+    r.w += ecorr[jb * 16 + g + 8][nbo * 8 + 2 * t + 1];
   }
-  if (p.S > 1 && !splitk_combine(r, active, static_cast<float4*>(p.ws), p.sem, rb, sidx, p.S,
-                                 NB * 32, &s_last)) {
+  if (p.S > 1 && !splitk_combine(r, active, static_cast<float4*>(p.ws), p.sem, cb, sidx, p.S,
+                                 RB * NB * 32, &s_last)) {
     return;
   }
   if (active) {
@@ -256,8 +290,8 @@ __global__ void __launch_bounds__((NW + 1) * 32,
 #pragma unroll
     for (int q = 0; q < 4; q++) {
       const int tok = nbo * 8 + 2 * t + (q & 1);
-      const int row = rb * 16 + g + ((q >> 1) << 3);
-      const bool dense_row = (s_dense >> (row & 15)) & 1u;  // stored by the row's own CTA
+      const int row = (cb * RB + jb) * 16 + g + ((q >> 1) << 3);
+      const bool dense_row = (s_dense >> (jb * 16 + (row & 15))) & 1u;  // stored by its own CTA
       if (tok < M && !dense_row) {
         store_out(p.out, static_cast<size_t>(tok) * p.ldo + row, rr[q], p.flags & 2);
       }

@@ -53,6 +53,22 @@ TEST(CompilerTest, RealZ12KernelForSm90HasMmaAndPrmt) {
               k.shared_bytes);
 }
 
+// RB 2 is the kernel's fifth template argument, named only when it is not 1.
+TEST(CompilerTest, RealZ12KernelWithTwoRowBlocksPerCta) {
+  const SourceSet& sources = *SourceSet::Embedded();
+  const KernelConfig config{WeightFormat::kZ12, 4, 1, 2, 3, 1, 2};
+  const CompileRequest request = RequestForConfig(config, "sm_90");
+  EXPECT_EQ(request.name_expression, "gemvz_z12_kernel<4, 1, 2, 3, 2>");
+  EXPECT_EQ(request.kernel_name, "z12.nw4.ug1.nb2.pipe3.rb2");
+  EXPECT_EQ(RequestForConfig(KernelConfig{}, "sm_90").name_expression,
+            "gemvz_z12_kernel<8, 2, 2, 3>");
+  const CompiledKernel k = CompileOrDie(config, "sm_90", sources);
+  EXPECT_NE(k.lowered_name.find("ILi4ELi1ELi2ELi3ELi2EE"), std::string::npos) << k.lowered_name;
+  EXPECT_EQ(k.spill_bytes, 0) << k.log;
+  EXPECT_LE(k.shared_bytes, config.shared_bytes());
+  EXPECT_GE(k.shared_bytes + 16, config.shared_bytes());
+}
+
 TEST(CompilerTest, RealBf16KernelForSm90aCompiles) {
   const SourceSet& sources = *SourceSet::Embedded();
   ASSERT_NE(sources.Find("bf16_gemv.cuh"), nullptr) << "embedded: " << sources.Names();

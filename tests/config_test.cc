@@ -39,6 +39,8 @@ KernelConfig RandomValidConfig(std::mt19937_64& rng) {
   c.ug = 1 + static_cast<int>(rng() % 8);
   c.pipe = static_cast<int>(rng() % 4);
   c.splits = 1 + static_cast<int>(rng() % 100000);
+  // z12 may take two row blocks per CTA where NW + 1 >= 2 * NB.
+  if (c.format == WeightFormat::kZ12 && c.nw + 1 >= 2 * c.nb && rng() % 2) c.rb = 2;
   return c;
 }
 
@@ -49,6 +51,14 @@ TEST(ConfigTest, TextFormIsCanonical) {
   KernelConfig b{WeightFormat::kBf16, 16, 1, 4, 0, 6};
   EXPECT_EQ(b.ToString(), "bf16.nw16.ug1.nb4.pipe0.s6");
   EXPECT_EQ(b.KernelName(), "bf16.nw16.ug1.nb4.pipe0");
+  // RB 1 is written by leaving the field out; RB 2 comes before S.
+  KernelConfig r{WeightFormat::kZ12, 4, 1, 2, 3, 2, 2};
+  EXPECT_EQ(r.ToString(), "z12.nw4.ug1.nb2.pipe3.rb2.s2");
+  EXPECT_EQ(r.KernelName(), "z12.nw4.ug1.nb2.pipe3.rb2");
+  absl::StatusOr<KernelConfig> rb1 = KernelConfig::Parse("z12.nw8.ug2.nb2.pipe3.rb1.s1");
+  ASSERT_TRUE(rb1.ok()) << Msg(rb1.status());
+  EXPECT_EQ(*rb1, c);
+  EXPECT_EQ(rb1->ToString(), "z12.nw8.ug2.nb2.pipe3.s1");
   EXPECT_EQ(FormatName(WeightFormat::kZ12), "z12");
   EXPECT_EQ(FormatName(WeightFormat::kBf16), "bf16");
   EXPECT_EQ((GemvShape{8, 4096, 8192}.ToString()), "m8.n4096.k8192");
@@ -78,6 +88,9 @@ TEST(ConfigTest, FieldsParseInAnyOrder) {
   absl::StatusOr<KernelConfig> c = KernelConfig::Parse("bf16.s4.pipe1.nb2.ug4.nw12");
   ASSERT_TRUE(c.ok()) << Msg(c.status());
   EXPECT_EQ(*c, (KernelConfig{WeightFormat::kBf16, 12, 4, 2, 1, 4}));
+  c = KernelConfig::Parse("z12.rb2.s4.pipe3.nb2.ug1.nw4");
+  ASSERT_TRUE(c.ok()) << Msg(c.status());
+  EXPECT_EQ(*c, (KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4, 2}));
 }
 
 TEST(ConfigTest, EqualityAndHashSeeEveryField) {
@@ -89,7 +102,8 @@ TEST(ConfigTest, EqualityAndHashSeeEveryField) {
   const KernelConfig variants[] = {
       {WeightFormat::kBf16, 8, 2, 2, 3, 1}, {WeightFormat::kZ12, 4, 2, 2, 3, 1},
       {WeightFormat::kZ12, 8, 1, 2, 3, 1},  {WeightFormat::kZ12, 8, 2, 1, 3, 1},
-      {WeightFormat::kZ12, 8, 2, 2, 0, 1},  {WeightFormat::kZ12, 8, 2, 2, 3, 2}};
+      {WeightFormat::kZ12, 8, 2, 2, 0, 1},  {WeightFormat::kZ12, 8, 2, 2, 3, 2},
+      {WeightFormat::kZ12, 8, 2, 2, 3, 1, 2}};
   for (const KernelConfig& v : variants) {
     EXPECT_NE(v, base) << v.ToString();
     EXPECT_TRUE(set.insert(v).second) << v.ToString();
@@ -118,14 +132,14 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
       {"nw8.ug2.nb2.pipe3.s1", "it must start with the format"},
       {"fp16.nw8.ug2.nb2.pipe3", "it must start with the format"},
       // Unknown fields.
-      {"z12.nw8.ug2.nb2.pipe3.q1", "field 'q1' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, s<N>"},
+      {"z12.nw8.ug2.nb2.pipe3.q1", "field 'q1' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, s<N>"},
       {"z12.nw8.ug2.nb2.pipe3.s1.", "field '' is not one of"},
       {"z12..nw8.ug2.nb2.pipe3", "field '' is not one of"},
       {"z12.NW8.ug2.nb2.pipe3", "field 'NW8' is not one of"},
       {"z12.warps8.ug2.nb2.pipe3", "field 'warps8' is not one of"},
       // Bad numbers.
       {"z12.nw.ug2.nb2.pipe3",
-       "field 'nw' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, s<N> "
+       "field 'nw' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, s<N> "
        "(nw takes a decimal number)"},
       {"z12.nwx.ug2.nb2.pipe3", "(nw takes a decimal number)"},
       {"z12.nw8.ug2.nb2.pipe3.s-1", "field 's-1' is not one of"},
@@ -136,10 +150,12 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
       {"z12.nw8.ug2.5.nb2.pipe3", "field '5'"},
       {"z12.nw8.ug2.nb2.pipe3.s99999999999", "(s takes a decimal number)"},
       {"z12.nw8.ug2.nb2.pipe1e1", "(pipe takes a decimal number)"},
+      {"z12.nw8.ug2.nb2.pipe3.rbx", "(rb takes a decimal number)"},
       // Duplicates.
       {"z12.nw8.ug2.nb2.pipe3.nw4", "field nw given twice"},
       {"z12.nw8.ug2.nb2.pipe3.s1.s2", "field s given twice"},
       {"z12.nw8.ug2.ug2.nb2.pipe3", "field ug given twice"},
+      {"z12.nw8.ug2.nb2.pipe3.rb2.rb2", "field rb given twice"},
       // Missing fields (s alone may be left out).
       {"z12", "missing field nw<N>"},
       {"z12.ug2.nb2.pipe3.s1", "missing field nw<N>"},
@@ -157,6 +173,10 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
       {"bf16.nw8.ug2.nb2.pipe4", "PIPE 4..8 (register-capped plain loop) exists for z12 only"},
       {"z12.nw8.ug2.nb2.pipe3.s0", "S must be at least 1 (got 0)"},
       {"z12.nw2.ug2.nb4.pipe3", "NW >= NB is required"},
+      {"z12.nw8.ug2.nb2.pipe3.rb0", "RB must be 1 or 2 (got 0)"},
+      {"z12.nw8.ug2.nb2.pipe3.rb4", "RB must be 1 or 2 (got 4)"},
+      {"bf16.nw8.ug2.nb2.pipe3.rb2", "RB 2 (two row blocks per CTA) exists for z12 only"},
+      {"z12.nw2.ug2.nb2.pipe3.rb2", "NW + 1 >= RB * NB is required"},
   };
   for (const ParseErrorCase& c : cases) {
     absl::StatusOr<KernelConfig> parsed = KernelConfig::Parse(c.text);
@@ -224,6 +244,9 @@ TEST(ConfigTest, SharedMemoryMatchesTheKernelsArrays) {
   EXPECT_EQ(z.shared_bytes(), 8 * 2 * 32 * 16 + 16 * (2 * 8 + 1) * 4 + 4 + 4);
   const KernelConfig b{WeightFormat::kBf16, 8, 2, 2, 3, 1};
   EXPECT_EQ(b.shared_bytes(), 8 * 2 * 32 * 16 + 4);
+  // RB 2: red[NW][RB*NB*32] and ecorr[RB*16][NB*8+1].
+  const KernelConfig z2{WeightFormat::kZ12, 8, 2, 2, 3, 1, 2};
+  EXPECT_EQ(z2.shared_bytes(), 8 * 2 * 2 * 32 * 16 + 2 * 16 * (2 * 8 + 1) * 4 + 4 + 4);
   EXPECT_EQ(z.threads(), 9 * 32);  // the exception warp
   EXPECT_EQ(b.threads(), 8 * 32);
   EXPECT_EQ(z.tokens_per_launch(), 16);
@@ -240,6 +263,7 @@ TEST(ConfigTest, SharedMemoryMatchesPtxas) {
   ::setenv("GEMVZ_CACHE_DIR", dir.c_str(), 1);
   const KernelConfig configs[] = {{WeightFormat::kZ12, 8, 1, 2, 3, 1},
                                   {WeightFormat::kZ12, 4, 1, 4, 0, 1},
+                                  {WeightFormat::kZ12, 4, 1, 2, 3, 1, 2},
                                   {WeightFormat::kBf16, 8, 1, 1, 3, 1},
                                   {WeightFormat::kBf16, 4, 1, 4, 0, 1}};
   for (const KernelConfig& c : configs) {
@@ -304,6 +328,7 @@ TEST(ValidateTest, RandomShapesFollowTheDivisibilityRule) {
     c.nw = c.nb + static_cast<int>(rng() % (16 - c.nb + 1));
     c.ug = 1 + static_cast<int>(rng() % 4);
     c.splits = 1 + static_cast<int>(rng() % 8);
+    c.rb = 1;  // RB's own rules on N and shared memory have their tests
     const GemvShape s{1 + static_cast<int64_t>(rng() % (8 * c.nb)),
                       16 * (1 + static_cast<int64_t>(rng() % 2048)),
                       64 * (1 + static_cast<int64_t>(rng() % 1024))};
@@ -374,6 +399,15 @@ TEST(ValidateTest, NMultipleOf16) {
     ExpectRule(kGood, GemvShape{16, n, 8192}, "N must be a positive multiple of 16");
   }
   EXPECT_TRUE(Validate(kGood, GemvShape{16, 16, 8192}).ok());
+  // Two row blocks per CTA take whole pairs of row blocks.
+  KernelConfig rb2 = kGood;
+  rb2.rb = 2;
+  for (int64_t n : {16, 48, 4112}) {
+    ExpectRule(rb2, GemvShape{16, n, 8192},
+               "N must be a multiple of 16*RB = 32 (each CTA takes RB whole row blocks)");
+  }
+  EXPECT_TRUE(Validate(rb2, GemvShape{16, 32, 8192}).ok());
+  EXPECT_TRUE(Validate(rb2, GemvShape{16, 28672, 4096}).ok());
 }
 
 TEST(ValidateTest, KMultipleOf64) {
@@ -391,9 +425,14 @@ TEST(ValidateTest, KernelIntArguments) {
 TEST(ValidateTest, GridLimits) {
   DeviceLimits limits;
   limits.max_grid_x = 100;  // 100 row blocks of 16
-  ExpectRule(kGood, GemvShape{16, 16 * 101, 8192}, "N/16 row blocks exceed the grid's x limit",
-             limits);
+  ExpectRule(kGood, GemvShape{16, 16 * 101, 8192},
+             "N/(16*RB) CTAs per K slice exceed the grid's x limit", limits);
   EXPECT_TRUE(Validate(kGood, GemvShape{16, 16 * 100, 8192}, limits).ok());
+  KernelConfig rb2 = kGood;  // two row blocks per CTA: half the CTAs
+  rb2.rb = 2;
+  EXPECT_TRUE(Validate(rb2, GemvShape{16, 16 * 200, 8192}, limits).ok());
+  ExpectRule(rb2, GemvShape{16, 16 * 202, 8192},
+             "N/(16*RB) CTAs per K slice exceed the grid's x limit", limits);
   limits = DeviceLimits{};
   limits.max_grid_y = 1;
   ExpectRule(kGood, kGoodShape, "S exceeds the grid's y limit", limits);

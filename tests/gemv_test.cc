@@ -63,6 +63,8 @@ struct Problem {
 std::vector<uint16_t> MixedWeights(int64_t n, int64_t k, uint64_t seed) {
   auto w = testing::RandomMatrix(n, k, Distribution::kTiny, seed);
   for (int64_t c = 0; c < k; ++c) w[(n / 2 + 3) * k + c] = 0;  // an all-zero (dense) row
+  // and one in the next row block, so RB 2's CTAs meet a dense row in their second block too
+  for (int64_t c = 0; c < k; ++c) w[(n / 2 + 16 + 5) * k + c] = 0;
   return w;
 }
 
@@ -93,10 +95,11 @@ TEST(Gemv, BroadConfigurationSweep) {
       for (int ug : {1, 2, 4})
         for (int nb = 1; nb <= 4; ++nb)
           for (int pipe = 0; pipe <= MaxPipe(f); ++pipe)
-            for (int s : {1, 2, 4}) {
-              KernelConfig c{f, nw, ug, nb, pipe, s};
-              if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
-            }
+            for (int s : {1, 2, 4})
+              for (int rb = 1; rb <= (f == WeightFormat::kZ12 ? 2 : 1); ++rb) {
+                KernelConfig c{f, nw, ug, nb, pipe, s, rb};
+                if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
+              }
   // Compile everything in parallel first.
   std::vector<KernelConfig> kernels;
   for (auto c : configs) {
@@ -184,8 +187,10 @@ TEST(Gemv, ExceptionProbe) {
   for (int64_t t = 0; t < m; ++t)
     for (int64_t c : cols) x[t * k + c] = FloatToBf16(0.5f + 0.25f * t);
   for (int s : {1, 2, 4}) {
-    KernelConfig c{WeightFormat::kZ12, 4, 1, 1, 3, s};
-    EXPECT_EQ(p.Check(m, GemvOptions{c}, seed, &x), "") << c.ToString();
+    for (int rb : {1, 2}) {
+      KernelConfig c{WeightFormat::kZ12, 4, 1, 1, 3, s, rb};
+      EXPECT_EQ(p.Check(m, GemvOptions{c}, seed, &x), "") << c.ToString();
+    }
   }
   EXPECT_EQ(p.Check(m, {}, seed, &x), "");
 }
@@ -203,6 +208,11 @@ TEST(Gemv, HeavyTailsZeroRowsAndSkew) {
   for (int s : {2, 4}) {
     EXPECT_EQ(p.Check(16, GemvOptions{KernelConfig{WeightFormat::kZ12, 8, 2, 2, 1, s}}, seed), "");
   }
+  // Two row blocks per CTA: row 17's block is the second of its pair, row 300's the first.
+  for (int s : {1, 2, 4}) {
+    const KernelConfig c{WeightFormat::kZ12, 4, 1, 2, 3, s, 2};
+    EXPECT_EQ(p.Check(16, GemvOptions{c}, seed), "") << c.ToString();
+  }
 }
 
 TEST(Gemv, BitwiseDeterministic) {
@@ -213,8 +223,12 @@ TEST(Gemv, BitwiseDeterministic) {
   auto x = testing::RandomActivations(m, k, seed);
   DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
   dx.Upload(x.data(), x.size() * 2);
-  for (int s : {1, 4}) {
-    const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 2, 2, 3, s}};
+  for (const KernelConfig& c : {KernelConfig{WeightFormat::kZ12, 8, 2, 2, 3, 1},
+                                KernelConfig{WeightFormat::kZ12, 8, 2, 2, 3, 4},
+                                KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1, 2},
+                                KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4, 2}}) {
+    SCOPED_TRACE(c.ToString());
+    const GemvOptions opt{c};
     std::vector<uint16_t> first(m * n), again(m * n);
     for (int run = 0; run < 20; ++run) {
       dout.Fill16(kPoison);

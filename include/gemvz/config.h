@@ -32,8 +32,12 @@ struct KernelConfig {
   // loop with minBlocks PIPE - 2 (a register cap for more CTAs per SM) and two accumulator chains.
   int pipe = 3;
   int splits = 1;  // S: CTAs sharing one row block's K range (split-K)
+  // z12 only: row blocks per CTA, 1 or 2. With 2 every streaming warp streams two 16-row blocks
+  // at once and feeds both from one load of x's fragments (fewer registers per byte in flight).
+  // Written ".rb2" before ".s" in the text form; RB 1 is written by leaving the field out.
+  int rb = 1;
 
-  std::string ToString() const;  // "z12.nw8.ug2.nb2.pipe3.s1"
+  std::string ToString() const;  // "z12.nw8.ug2.nb2.pipe3.s1", "z12.nw4.ug1.nb2.pipe3.rb2.s1"
   // The compiled kernel's identity: everything but `splits` ("z12.nw8.ug2.nb2.pipe3").
   std::string KernelName() const;
   static absl::StatusOr<KernelConfig> Parse(std::string_view text);
@@ -45,12 +49,13 @@ struct KernelConfig {
 
   friend bool operator==(const KernelConfig& a, const KernelConfig& b) {
     return a.format == b.format && a.nw == b.nw && a.ug == b.ug && a.nb == b.nb &&
-           a.pipe == b.pipe && a.splits == b.splits;
+           a.pipe == b.pipe && a.splits == b.splits && a.rb == b.rb;
   }
   friend bool operator!=(const KernelConfig& a, const KernelConfig& b) { return !(a == b); }
   template <typename H>
   friend H AbslHashValue(H h, const KernelConfig& c) {
-    return H::combine(std::move(h), static_cast<int>(c.format), c.nw, c.ug, c.nb, c.pipe, c.splits);
+    return H::combine(std::move(h), static_cast<int>(c.format), c.nw, c.ug, c.nb, c.pipe, c.splits,
+                      c.rb);
   }
 };
 
@@ -75,7 +80,7 @@ struct DeviceLimits {
 // An H200's limits, for validating without a GPU.
 DeviceLimits DefaultDeviceLimits();
 
-// The configuration alone: value ranges and NW >= NB.
+// The configuration alone: value ranges, NW >= NB and NW + 1 >= RB * NB.
 absl::Status ValidateConfig(const KernelConfig& config);
 // The configuration against a shape and a device. The message names the rule that fails.
 absl::Status Validate(const KernelConfig& config, const GemvShape& shape,

@@ -30,7 +30,10 @@ std::string_view FormatName(WeightFormat format) {
 }
 
 std::string KernelConfig::KernelName() const {
-  return absl::StrFormat("%s.nw%d.ug%d.nb%d.pipe%d", FormatName(format), nw, ug, nb, pipe);
+  std::string name =
+      absl::StrFormat("%s.nw%d.ug%d.nb%d.pipe%d", FormatName(format), nw, ug, nb, pipe);
+  if (rb != 1) absl::StrAppend(&name, ".rb", rb);  // one row block per CTA is written by omission
+  return name;
 }
 
 std::string KernelConfig::ToString() const { return absl::StrCat(KernelName(), ".s", splits); }
@@ -38,10 +41,10 @@ std::string KernelConfig::ToString() const { return absl::StrCat(KernelName(), "
 std::string GemvShape::ToString() const { return absl::StrFormat("m%d.n%d.k%d", m, n, k); }
 
 int64_t KernelConfig::shared_bytes() const {
-  // The kernels' static arrays: red[NW][NB*32] float4 and s_last; z12 adds ecorr[16][NB*8+1]
-  // float and s_dense. config_test compares this with what ptxas reports.
-  int64_t bytes = static_cast<int64_t>(nw) * nb * 32 * 16;
-  if (format == WeightFormat::kZ12) bytes += 16 * (nb * 8 + 1) * 4 + 4;
+  // The kernels' static arrays: red[NW][RB*NB*32] float4 and s_last; z12 adds
+  // ecorr[RB*16][NB*8+1] float and s_dense. config_test compares this with what ptxas reports.
+  int64_t bytes = static_cast<int64_t>(nw) * rb * nb * 32 * 16;
+  if (format == WeightFormat::kZ12) bytes += rb * 16 * (nb * 8 + 1) * 4 + 4;
   return bytes + 4;  // s_last
 }
 
@@ -56,14 +59,14 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
         "z12.nw8.ug2.nb2.pipe3.s1)"));
   }
   c.format = parts[0] == "z12" ? WeightFormat::kZ12 : WeightFormat::kBf16;
-  bool seen[5] = {false, false, false, false, false};
-  static constexpr absl::string_view kNames[5] = {"nw", "ug", "nb", "pipe", "s"};
-  int* fields[5] = {&c.nw, &c.ug, &c.nb, &c.pipe, &c.splits};
+  bool seen[6] = {false, false, false, false, false, false};
+  static constexpr absl::string_view kNames[6] = {"nw", "ug", "nb", "pipe", "s", "rb"};
+  int* fields[6] = {&c.nw, &c.ug, &c.nb, &c.pipe, &c.splits, &c.rb};
   for (size_t i = 1; i < parts.size(); ++i) {
     absl::string_view p = parts[i];
     int which = -1;
     // "pipe" before "nb"/"nw" has no prefix clash; check the longest names first.
-    for (int f : {3, 0, 1, 2, 4}) {
+    for (int f : {3, 0, 1, 2, 5, 4}) {
       if (absl::StartsWith(p, kNames[f])) {
         which = f;
         break;
@@ -73,7 +76,7 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
     if (which < 0 || !ParseFieldValue(p.substr(kNames[which].size()), &value)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bad configuration '", text, "': field '", p,
-          "' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, s<N>",
+          "' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, s<N>",
           which < 0 ? "" : absl::StrCat(" (", kNames[which], " takes a decimal number)")));
     }
     if (seen[which]) {
@@ -90,6 +93,7 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
     }
   }
   if (!seen[4]) c.splits = 1;  // s defaults to 1
+  if (!seen[5]) c.rb = 1;      // and rb to 1
   if (absl::Status st = ValidateConfig(c); !st.ok()) return st;
   return c;
 }
@@ -115,9 +119,18 @@ absl::Status ValidateConfig(const KernelConfig& c) {
                              " (got ", c.pipe, ")"));
   }
   if (c.splits < 1) return fail(absl::StrCat("S must be at least 1 (got ", c.splits, ")"));
+  if (c.rb != 1 && c.rb != 2) return fail(absl::StrCat("RB must be 1 or 2 (got ", c.rb, ")"));
+  if (c.rb != 1 && c.format != WeightFormat::kZ12) {
+    return fail(absl::StrCat("RB 2 (two row blocks per CTA) exists for z12 only; ",
+                             std::string(FormatName(c.format)), " takes RB 1"));
+  }
   if (c.nw < c.nb) {
     return fail(absl::StrCat("NW >= NB is required: the first NB warps do the final reduction (NW=",
                              c.nw, ", NB=", c.nb, ")"));
+  }
+  if (c.threads() < c.rb * c.nb * 32) {
+    return fail(absl::StrCat("NW + 1 >= RB * NB is required: the first RB*NB*32 threads do the ",
+                             "final reduction (NW=", c.nw, ", RB=", c.rb, ", NB=", c.nb, ")"));
   }
   return absl::OkStatus();
 }
@@ -141,6 +154,10 @@ absl::Status Validate(const KernelConfig& c, const GemvShape& s, const DeviceLim
     return fail(absl::StrCat("m must be in 1..8*NB = ", c.tokens_per_launch(), " per launch"));
   }
   if (s.n < 16 || s.n % 16 != 0) return fail("N must be a positive multiple of 16");
+  if (s.n % (16 * c.rb) != 0) {
+    return fail(absl::StrCat("N must be a multiple of 16*RB = ", 16 * c.rb,
+                             " (each CTA takes RB whole row blocks)"));
+  }
   if (s.k < 64 || s.k % 64 != 0) return fail("K must be a positive multiple of 64");
   // The kernels take M, N and K as 32-bit ints.
   if (s.n > INT32_MAX || s.k > INT32_MAX) return fail("N and K must be below 2^31");
@@ -148,7 +165,9 @@ absl::Status Validate(const KernelConfig& c, const GemvShape& s, const DeviceLim
   if (s.k % quantum != 0) {
     return fail(absl::StrCat("K must be divisible by 64*S*NW*UG = ", quantum));
   }
-  if (s.n / 16 > limits.max_grid_x) return fail("N/16 row blocks exceed the grid's x limit");
+  if (s.n / (16 * c.rb) > limits.max_grid_x) {
+    return fail("N/(16*RB) CTAs per K slice exceed the grid's x limit");
+  }
   if (c.splits > limits.max_grid_y) return fail("S exceeds the grid's y limit");
   return absl::OkStatus();
 }

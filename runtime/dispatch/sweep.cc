@@ -33,9 +33,15 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
         // z12's PIPE 4..8 (register caps) are measured like the rest; bf16 has 0..3.
         for (int pipe = 0; pipe <= MaxPipe(format); ++pipe) {
           for (int s : kSweepSplits) {
-            const KernelConfig c{format, nw, ug, nb, pipe, s};
-            if (!Validate(c, launch, limits).ok()) continue;
-            if (seen.insert(c).second) out.push_back(c);
+            // z12's two row blocks per CTA where they can pay: with NB >= 2 (x's fragments are
+            // then the larger share of a warp's registers; at NB 1 they gained nothing on the
+            // H200) and UG 1 or 2 (at UG 4 a warp would hold eight groups' weights).
+            const int max_rb = format == WeightFormat::kZ12 && nb >= 2 && ug <= 2 ? 2 : 1;
+            for (int rb = 1; rb <= max_rb; ++rb) {
+              const KernelConfig c{format, nw, ug, nb, pipe, s, rb};
+              if (!Validate(c, launch, limits).ok()) continue;
+              if (seen.insert(c).second) out.push_back(c);
+            }
           }
         }
       }

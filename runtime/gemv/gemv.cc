@@ -134,8 +134,10 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
   ASSIGN_OR_RETURN(auto scope, ScopedDeviceContext::Enter(s.device));
   ASSIGN_OR_RETURN(LoadedKernel kernel, GetKernel(s.device, config));
   const int64_t row_blocks = Rows16(s) / 16;
-  // z12: one extra CTA per dense row, before the row blocks.
-  const int64_t grid_x = row_blocks + (s.format == WeightFormat::kZ12 ? s.n_dense : 0);
+  // One CTA per RB row blocks; z12 adds one CTA per dense row, before them. The split-K partials
+  // and counters below are per CTA: N/(16*RB) counters of RB*NB*32 float4 each, so their sizes
+  // depend on N, S and NB only.
+  const int64_t grid_x = row_blocks / config.rb + (s.format == WeightFormat::kZ12 ? s.n_dense : 0);
   bool pdl = false;
   if (pdl_mode != Pdl::kOff) {
     // griddepcontrol needs sm_90, the launch a CUDA 12 driver (cuLaunchKernelEx). kAuto: a grid

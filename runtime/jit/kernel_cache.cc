@@ -68,6 +68,11 @@ CompileRequest RequestForConfig(const KernelConfig& config, std::string_view arc
   r.source_file = absl::StrCat(format, "_gemv.cuh");
   r.name_expression = absl::StrFormat("gemvz_%s_kernel<%d, %d, %d, %d>", format, config.nw,
                                       config.ug, config.nb, config.pipe);
+  // z12's fifth template argument, RB, defaults to 1; spelled out only when it is not.
+  if (config.rb != 1) {
+    r.name_expression = absl::StrFormat("gemvz_%s_kernel<%d, %d, %d, %d, %d>", format, config.nw,
+                                        config.ug, config.nb, config.pipe, config.rb);
+  }
   r.kernel_name = config.KernelName();
   return r;
 }
