@@ -21,6 +21,11 @@
 // 2026-11-29 against these rows in the same runs, over every non-spilling NW 2..16, UG 1..4,
 // S 1..2: they won by 1.1-4.5 % at m = 16 on five shapes (those rows below) and by under 1 %
 // elsewhere, where the older rows stay.
+// RB 2 (two row blocks per CTA sharing x's fragments) was timed on 2026-11-29 (session 5) at
+// m = 16 against these rows in one run, over NW 4-16, UG 1-2 and PIPE 0, 3..8: it won on
+// 28672x4096 (44.83 against 45.71 us; 44.61 for a variant that spills 12 bytes) and 10240x8192
+// (32.82 against 33.12); the same run's PIPE 6 beat PIPE 3 on 8192x28672 (82.92 against 83.91).
+// Those three m = 16 rows changed; on the smaller shapes RB 2's halved grid lost 3-10 %.
 #include <string>
 #include <vector>
 
@@ -63,7 +68,7 @@ constexpr Row kRows[] = {
     // llama3-8b gate_up, 28672 x 4096
     {"sm_90", 1, 28672, 4096, "z12.nw8.ug2.nb1.pipe3.s1", 41.51},
     {"sm_90", 8, 28672, 4096, "z12.nw8.ug2.nb1.pipe3.s1", 41.86},
-    {"sm_90", 16, 28672, 4096, "z12.nw4.ug2.nb2.pipe6.s1", 45.95},
+    {"sm_90", 16, 28672, 4096, "z12.nw4.ug1.nb2.pipe3.rb2.s1", 44.83},
     {"sm_90", 1, 28672, 4096, "bf16.nw8.ug4.nb1.pipe3.s1", 57.40},
     {"sm_90", 8, 28672, 4096, "bf16.nw8.ug4.nb1.pipe3.s1", 58.97},
     {"sm_90", 16, 28672, 4096, "bf16.nw2.ug2.nb2.pipe1.s1", 63.25},
@@ -77,14 +82,14 @@ constexpr Row kRows[] = {
     // llama3-70b qkv, 10240 x 8192
     {"sm_90", 1, 10240, 8192, "z12.nw4.ug2.nb1.pipe3.s1", 30.43},
     {"sm_90", 8, 10240, 8192, "z12.nw4.ug2.nb1.pipe3.s1", 30.75},
-    {"sm_90", 16, 10240, 8192, "z12.nw4.ug1.nb2.pipe8.s1", 33.44},
+    {"sm_90", 16, 10240, 8192, "z12.nw4.ug2.nb2.pipe5.rb2.s1", 32.82},
     {"sm_90", 1, 10240, 8192, "bf16.nw2.ug2.nb1.pipe1.s1", 43.09},
     {"sm_90", 8, 10240, 8192, "bf16.nw4.ug2.nb1.pipe1.s1", 43.22},
     {"sm_90", 16, 10240, 8192, "bf16.nw2.ug2.nb2.pipe1.s1", 47.08},
     // llama3-70b down, 8192 x 28672
     {"sm_90", 1, 8192, 28672, "z12.nw8.ug1.nb1.pipe1.s1", 79.75},
     {"sm_90", 8, 8192, 28672, "z12.nw4.ug2.nb1.pipe3.s1", 81.02},
-    {"sm_90", 16, 8192, 28672, "z12.nw4.ug2.nb2.pipe3.s1", 83.29},
+    {"sm_90", 16, 8192, 28672, "z12.nw4.ug2.nb2.pipe6.s1", 82.92},
     {"sm_90", 1, 8192, 28672, "bf16.nw2.ug2.nb1.pipe2.s1", 118.33},
     {"sm_90", 8, 8192, 28672, "bf16.nw8.ug2.nb1.pipe2.s1", 116.14},
     {"sm_90", 16, 8192, 28672, "bf16.nw4.ug2.nb2.pipe1.s1", 117.56},
