@@ -9,7 +9,8 @@
 // it.
 // PIPE: 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2), 4..8 plain loop
 // with minBlocks PIPE - 2 (a register cap that buys more CTAs per SM, so more loads in flight)
-// and two accumulator chains (half the dependent mma latency per trip).
+// and, with RB 1, two accumulator chains (half the dependent mma latency per trip; RB 2's two
+// row blocks are two chains already).
 #pragma once
 
 #include "common.cuh"

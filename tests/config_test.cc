@@ -379,6 +379,14 @@ TEST(ValidateTest, StaticSharedMemoryOver48KiB) {
   DeviceLimits small;
   small.max_shared_per_block = 8 * 1024;
   ExpectRule(kGood, kGoodShape, "exceeds 8192 (lower NW or NB)", small);
+  // RB 2 doubles the partial sums: what fits with RB 1 may not, and the hint says so.
+  const KernelConfig rb1{WeightFormat::kZ12, 12, 1, 4, 3, 1};
+  KernelConfig rb2 = rb1;
+  rb2.rb = 2;
+  EXPECT_TRUE(Validate(rb1, GemvShape{32, 4096, 64 * 12}).ok());
+  ExpectRule(rb2, GemvShape{32, 4096, 64 * 12},
+             absl::StrCat("static shared memory ", rb2.shared_bytes(),
+                          " bytes exceeds 49152 (lower NW, NB or RB)"));
 }
 
 TEST(ValidateTest, RowsPerLaunch) {

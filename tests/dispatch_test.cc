@@ -445,13 +445,46 @@ TEST_F(TuningFileTest, CorruptFilesAreReportedNamingTheFile) {
   EXPECT_EQ((*loaded)[0].time_us, 3.5);
 }
 
+// Version 1 while no entry needs RB (older gemvz keep reading the file), 2 once one does (older
+// gemvz refuse it instead of failing on ".rb2" and setting the file aside as corrupt).
+TEST_F(TuningFileTest, VersionIsTheOldestThatHoldsTheEntries) {
+  TunedChoice c;
+  c.arch = "sm_90";
+  c.format = WeightFormat::kZ12;
+  c.m = 16;
+  c.n = 28672;
+  c.k = 4096;
+  c.config = KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1};
+  c.time_us = 45.0;
+  ASSERT_TRUE(SaveTunedChoices({c}).ok());
+  EXPECT_EQ(nlohmann::json::parse(ReadAll(path_)).at("version"), 1);
+  TunedChoice r = c;
+  r.config.rb = 2;
+  r.m = 8;
+  ASSERT_TRUE(SaveTunedChoices({r}).ok());
+  const nlohmann::json doc = nlohmann::json::parse(ReadAll(path_));
+  EXPECT_EQ(doc.at("version"), 2);
+  ASSERT_EQ(doc.at("entries").size(), 2u);
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  std::set<std::string> configs;
+  for (const TunedChoice& t : *loaded) configs.insert(t.config.ToString());
+  EXPECT_EQ(configs, (std::set<std::string>{"z12.nw4.ug1.nb2.pipe3.s1",
+                                            "z12.nw4.ug1.nb2.pipe3.rb2.s1"}));
+  // A version 2 file without RB entries reads too.
+  WriteAll(path_, R"({"version": 2, "entries": []})");
+  loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  EXPECT_TRUE(loaded->empty());
+}
+
 TEST_F(TuningFileTest, NewerSchemaIsNeitherReadNorOverwritten) {
-  const std::string newer = R"({"version": 2, "entries": [], "something": "new"})";
+  const std::string newer = R"({"version": 3, "entries": [], "something": "new"})";
   WriteAll(path_, newer);
   absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_CONTAINS(Msg(loaded.status()), path_);
-  EXPECT_CONTAINS(Msg(loaded.status()), "schema version 2 is newer");
+  EXPECT_CONTAINS(Msg(loaded.status()), "schema version 3 is newer");
   const absl::Status st = SaveTunedChoices({RandomChoice(rng_)});
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << Msg(st);
   EXPECT_CONTAINS(Msg(st), path_);

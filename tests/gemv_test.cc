@@ -215,6 +215,52 @@ TEST(Gemv, HeavyTailsZeroRowsAndSkew) {
   }
 }
 
+// FP32 output is the unrounded sum: within FP32 accumulation error of the double reference, and
+// its round-to-nearest-even BF16 is bitwise the BF16 call's output. Both row-block layouts, with
+// and without split-K, and the dispatcher's own choice, on a matrix with dense rows.
+TEST(Gemv, Fp32OutputIsTheUnroundedSum) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t n = 512, k = 4096, m = 13;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  const std::vector<uint16_t> x = testing::RandomActivations(m, k, seed + 1);
+  std::vector<double> ref, abs_sum;
+  testing::ReferenceGemv(p.w, x, m, n, k, &ref, &abs_sum);
+  DeviceBuffer dx(x.size() * 2), d16(m * n * 2), d32(m * n * 4);
+  dx.Upload(x.data(), x.size() * 2);
+  for (const GemvOptions& opt :
+       {GemvOptions{}, GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1, 1}},
+        GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1, 2}},
+        GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4, 2}},
+        GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 2, 2, 5, 2, 2}}}) {
+    SCOPED_TRACE(opt.config ? opt.config->ToString() : std::string("dispatcher"));
+    d16.Fill16(kPoison);
+    d32.Fill16(kPoison);  // two NaN halves: a NaN float
+    ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, d16.as<uint16_t>(), nullptr, opt).ok());
+    ASSERT_TRUE(GemvFp32(p.dm, dx.as<uint16_t>(), m, d32.as<float>(), nullptr, opt).ok());
+    std::vector<uint16_t> got16(m * n);
+    std::vector<float> got32(m * n);
+    d16.Download(got16.data(), got16.size() * 2);
+    d32.Download(got32.data(), got32.size() * 4);
+    int bad = 0;
+    for (int64_t i = 0; i < m * n && bad < 5; ++i) {
+      // The BF16 check's accumulation term (2^-16 sum|w x|) without its rounding term (2^-8).
+      const double tol = 1e-6 * std::abs(ref[i]) + std::ldexp(abs_sum[i], -16);
+      if (!(std::abs(got32[i] - ref[i]) <= tol)) {
+        ADD_FAILURE() << "fp32 out[" << i / n << "][" << i % n << "] = " << got32[i]
+                      << ", reference " << ref[i] << " (tolerance " << tol << ")";
+        ++bad;
+      }
+      if (FloatToBf16(got32[i]) != got16[i]) {
+        ADD_FAILURE() << "out[" << i / n << "][" << i % n << "]: bf16 " << got16[i]
+                      << " is not the rounded fp32 " << got32[i];
+        ++bad;
+      }
+    }
+  }
+}
+
 TEST(Gemv, BitwiseDeterministic) {
   GEMVZ_REQUIRE_GPU();
   const uint64_t seed = FreshSeed();
@@ -346,6 +392,16 @@ TEST(Gemv, ErrorPaths) {
   auto bad_dev = DeviceMatrix::Upload(*packed, 99);
   EXPECT_FALSE(bad_dev.ok());
   EXPECT_NE(bad_dev.status().message().find("device 99"), std::string::npos) << bad_dev.status();
+  // Two row blocks per CTA need N % 32 == 0; 64 rows pass, 48 do not.
+  st = run(5, GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1, 2}}, x, out);
+  EXPECT_TRUE(st.ok()) << st;
+  {
+    const Problem q =
+        Problem::Make(48, k, testing::RandomMatrix(48, k, Distribution::kNormal, 2));
+    st = Gemv(q.dm, x, 5, out, nullptr,
+              GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1, 2}});
+    EXPECT_NE(st.message().find("N must be a multiple of 16*RB = 32"), std::string::npos) << st;
+  }
   setenv("GEMVZ_FORCE_CONFIG", "z12.nw3", 1);
   st = run(1, {}, x, out);
   unsetenv("GEMVZ_FORCE_CONFIG");

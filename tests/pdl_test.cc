@@ -66,13 +66,15 @@ struct Chain {
 
   // Enqueues passes first, first + 1, ... (pass i starts from x_src[i % 2]) on `stream`.
   absl::Status Enqueue(CUstream stream, Pdl pdl, int first, int passes) {
-    GemvOptions o, oc;
-    o.pdl = oc.pdl = pdl;
+    GemvOptions o, oa, oc;
+    o.pdl = oa.pdl = oc.pdl = pdl;
+    // A: two row blocks per CTA (RB 2, whose PDL prefetch covers both); C: split-K.
+    oa.config = KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1, 2};
     oc.config = KernelConfig{WeightFormat::kZ12, 4, 2, 2, 3, 4};
     for (int i = first; i < first + passes; ++i) {
       const DeviceBuffer& src = i % 2 == 0 ? src0 : src1;
       absl::Status st = Gemv(p, src.as<uint16_t>(), kM, x.as<uint16_t>(), stream, o);
-      if (st.ok()) st = Gemv(a, x.as<uint16_t>(), kM, y1.as<uint16_t>(), stream, o);
+      if (st.ok()) st = Gemv(a, x.as<uint16_t>(), kM, y1.as<uint16_t>(), stream, oa);
       if (st.ok()) st = Gemv(b, y1.as<uint16_t>(), kM, y2.as<uint16_t>(), stream, o);
       if (st.ok()) st = Gemv(c, y2.as<uint16_t>(), kM, y3.as<uint16_t>(), stream, oc);
       if (!st.ok()) return st;

@@ -21,7 +21,10 @@ struct TunedChoice {
   double time_us = 0;  // measured time of the winner, for reports
 };
 
-// The tuning file: GEMVZ_TUNING_FILE, else <CacheDirectory()>/tuning.json.
+// The tuning file: GEMVZ_TUNING_FILE, else <CacheDirectory()>/tuning.json. JSON
+// {"version": V, "entries": [{arch, format, m, n, k, config, time_us}, ...]}, written with V = 1
+// while no entry's config uses RB 2 (older gemvz read it) and V = 2 otherwise; both are read, and
+// a newer version is neither read nor overwritten.
 std::string TuningFilePath();
 // Merges `choices` into the tuning file (replacing entries of the same key), atomically.
 absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices);

@@ -148,7 +148,8 @@ absl::Status Validate(const KernelConfig& c, const GemvShape& s, const DeviceLim
   }
   if (c.shared_bytes() > limits.max_shared_per_block) {
     return fail(absl::StrCat("static shared memory ", c.shared_bytes(), " bytes exceeds ",
-                             limits.max_shared_per_block, " (lower NW or NB)"));
+                             limits.max_shared_per_block,
+                             c.rb > 1 ? " (lower NW, NB or RB)" : " (lower NW or NB)"));
   }
   if (s.m < 1 || s.m > c.tokens_per_launch()) {
     return fail(absl::StrCat("m must be in 1..8*NB = ", c.tokens_per_launch(), " per launch"));

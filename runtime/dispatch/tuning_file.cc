@@ -32,7 +32,12 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 // Version 1: {"version": 1, "entries": [{arch, format, m, n, k, config, time_us}, ...]}.
-constexpr int kTuningFileVersion = 1;
+// Version 2: the same; a config may carry the ".rb2" field (KernelConfig::rb), which a gemvz that
+// reads only version 1 cannot parse. A file is written as version 1 while no entry needs RB, so
+// that older gemvz keep reading it, and as version 2 otherwise, which they refuse without
+// overwriting it. This gemvz reads both.
+constexpr int kTuningFileVersion = 2;
+constexpr int kOldestTuningFileVersion = 1;
 
 using ChoiceKey = std::tuple<std::string, int, int64_t, int64_t, int64_t>;
 ChoiceKey KeyOf(const TunedChoice& c) {
@@ -96,7 +101,7 @@ absl::StatusOr<std::vector<TunedChoice>> ParseTuningJson(const std::string& text
     return absl::FailedPreconditionError(absl::StrCat(
         "schema version ", v, " is newer than this gemvz's (", kTuningFileVersion, ")"));
   }
-  if (v != kTuningFileVersion) {
+  if (v < kOldestTuningFileVersion) {
     return absl::DataLossError(absl::StrCat("unknown schema version ", v));
   }
   const auto entries = doc.find("entries");
@@ -157,7 +162,9 @@ absl::StatusOr<std::vector<TunedChoice>> ParseTuningJson(const std::string& text
 
 std::string SerializeTuningJson(const std::vector<TunedChoice>& choices) {
   Json entries = Json::array();
+  int version = kOldestTuningFileVersion;
   for (const TunedChoice& c : choices) {
+    if (c.config.rb != 1) version = kTuningFileVersion;
     entries.push_back(Json{{"arch", c.arch},
                            {"format", std::string(FormatName(c.format))},
                            {"m", c.m},
@@ -166,7 +173,7 @@ std::string SerializeTuningJson(const std::vector<TunedChoice>& choices) {
                            {"config", c.config.ToString()},
                            {"time_us", c.time_us}});
   }
-  const Json doc{{"version", kTuningFileVersion}, {"entries", std::move(entries)}};
+  const Json doc{{"version", version}, {"entries", std::move(entries)}};
   return doc.dump(2) + "\n";
 }
 
