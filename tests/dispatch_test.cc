@@ -45,6 +45,7 @@ namespace fs = std::filesystem;
 using internal::ChooseConfig;
 using internal::HeuristicFamilyKernel;
 using internal::HeuristicFamilyKernels;
+using internal::HeuristicConfigWithoutRb2;
 using internal::TokenBlocksFor;
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
@@ -732,10 +733,13 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
                           16384 * (1 + static_cast<int64_t>(rng() % 4))};
     const int64_t row_blocks = shape.n / 16;
     const WeightFormat f = kFormats[i % 2];
-    const KernelConfig c = HeuristicConfig(shape, f, sm);
-    SCOPED_TRACE(absl::StrCat(shape.ToString(), " ", c.ToString()));
+    // The family rule is checked on the choice before the RB 2 step, which is checked last.
+    const KernelConfig c = HeuristicConfigWithoutRb2(shape, f, sm);
+    const KernelConfig chosen = HeuristicConfig(shape, f, sm);
+    SCOPED_TRACE(absl::StrCat(shape.ToString(), " ", c.ToString(), " -> ", chosen.ToString()));
     const int64_t trips = shape.k / 64 / (int64_t{c.splits} * c.nw * c.ug);
     EXPECT_GE(trips, 2);
+    EXPECT_EQ(c.rb, 1);
     // No split unless the row blocks leave more than a tenth of the SMs idle (and K >= 8192,
     // true here); then the largest split that keeps 2048 columns and at most two CTAs per SM.
     int64_t split = 1;
@@ -779,6 +783,29 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
     } else {
       EXPECT_EQ(c.KernelName(), e.many);
     }
+    // The RB 2 step, unsplit 12-bit NB 2 only: of z12.nw4.ug1.nb2.pipe3.rb2 (4 CTAs per SM) and
+    // z12.nw4.ug2.nb2.pipe5.rb2 (3), the one whose N/32 CTAs fill the last wave best (the first
+    // on a tie), if it keeps 2 trips per warp and fills at least as well as `c` less 0.02.
+    std::optional<KernelConfig> rb2;
+    double rb2_fill = 0;
+    if (z12 && c.nb == 2 && c.splits == 1 && row_blocks % 2 == 0) {
+      const int64_t need2 = (row_blocks / 2 + sm - 1) / sm;
+      for (const auto& [ug, pipe, per_sm] : {std::tuple{1, 3, 4}, std::tuple{2, 5, 3}}) {
+        if ((shape.k / 64) % (4 * ug) != 0 || shape.k / 64 / (4 * ug) < 2) continue;
+        const int64_t waves = (need2 + per_sm - 1) / per_sm;
+        const double f2 = static_cast<double>(need2) / static_cast<double>(waves * per_sm);
+        if (!rb2 || f2 > rb2_fill) {
+          rb2 = KernelConfig{WeightFormat::kZ12, 4, ug, 2, pipe, 1, 2};
+          rb2_fill = f2;
+        }
+      }
+    }
+    if (rb2 && rb2_fill >= fill(ctas) - 0.02) {
+      EXPECT_EQ(chosen, *rb2);
+      EXPECT_EQ(FamilyCtasPerSm(chosen), rb2->ug == 1 ? 4 : 3);
+    } else {
+      EXPECT_EQ(chosen, c);
+    }
   }
   // The suite at m = 1..16: every SM has a CTA, no split, and at least two trips per warp.
   for (WeightFormat f : kFormats) {
@@ -786,7 +813,7 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
       for (int64_t m = 1; m <= 16; ++m) {
         const GemvShape shape{m, nk[0], nk[1]};
         const KernelConfig c = HeuristicConfig(shape, f);
-        EXPECT_GE(nk[0] / 16 * c.splits, 132) << shape.ToString() << " " << c.ToString();
+        EXPECT_GE(nk[0] / (16 * c.rb) * c.splits, 132) << shape.ToString() << " " << c.ToString();
         EXPECT_EQ(c.splits, 1) << shape.ToString();
         EXPECT_GE(nk[1] / 64 / (int64_t{c.splits} * c.nw * c.ug), 2)
             << shape.ToString() << " " << c.ToString();
@@ -809,7 +836,12 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {16, 57344, 8192, "z12.nw4.ug2.nb2.pipe6.s1"},   // the best, 164.10 us (was 177.0)
       {1, 3072, 3072, "z12.nw16.ug1.nb1.pipe2.s1"},    // the best, 5.75 us (was 7.16)
       {16, 6144, 4096, "z12.nw8.ug1.nb2.pipe5.s1"},    // the best, 11.45 us (was 13.95)
-      {16, 12288, 4096, "z12.nw4.ug1.nb2.pipe8.s1"},   // the best, 20.69 us (was 22.06)
+      // RB 2 (session 5's sweeps; the RB 1 rule's choice in parentheses):
+      {16, 12288, 4096, "z12.nw4.ug2.nb2.pipe5.rb2.s1"},  // the best, 20.33 us (pipe8: 20.49)
+      {16, 14336, 4096, "z12.nw4.ug1.nb2.pipe3.rb2.s1"},  // the best, 23.58 us (24.19)
+      {16, 37888, 3584, "z12.nw4.ug2.nb2.pipe5.rb2.s1"},  // the best, 49.19 us (50.82)
+      {16, 28672, 8192, "z12.nw4.ug1.nb2.pipe3.rb2.s1"},  // the best, 85.33 us (87.75)
+      {16, 18432, 16384, "z12.nw4.ug2.nb2.pipe5.rb2.s1"},  // held out: the best, 115.68 (122.36)
       {8, 12288, 4096, "z12.nw8.ug2.nb1.pipe3.s1"},    // 19.92 us, best 19.79
       {1, 2048, 2048, "z12.nw16.ug1.nb1.pipe2.s1"},    // the best, 3.79 us (S = 4 was 5.14)
       {1, 128256, 4096, "z12.nw8.ug2.nb1.pipe3.s1"},   // the best, 174.32 us

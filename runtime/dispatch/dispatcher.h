@@ -29,6 +29,10 @@ struct HeuristicFamilyKernel {
   int ctas_per_sm = 0;
 };
 std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels();
+// HeuristicConfig before its last step, which may trade an unsplit 12-bit NB 2 choice for an
+// RB 2 kernel whose grid fills the last wave as well (for tests of that step).
+KernelConfig HeuristicConfigWithoutRb2(const GemvShape& shape, WeightFormat format,
+                                       int sm_count = 132);
 
 // The configuration for one launch of `shape` (shape.m is the rows per launch; m above 32 is
 // planned as 32-row chunks), from, in order:

@@ -141,6 +141,17 @@ constexpr Families kZ12Nb2 = {
       {}, {}}},
     {4, 4, 6, {2, 1, 0}},  // 28672x4096, 57344x8192, 128256x4096
 };
+// 12-bit, NB 2, two row blocks per CTA (RB 2): N/32 CTAs, so their own wave arithmetic. 88 and
+// 124 registers.
+constexpr std::array<Family, 2> kZ12Nb2Rb2 = {{
+    {4, 4, 3, {1, 0, 0}},  // 14336x4096, 16384x3072, 27648x5120, 28672x{4096,8192}
+    {3, 4, 5, {2, 0, 0}},  // 10240x8192, 12288x4096, 22016x4096, 37888x3584
+}};
+// RB 2 is taken when its grid fills the last wave at least as well as the RB 1 family's, less
+// this slack: at equal fill it streamed 1-3 % faster on the H200 (session 5, m = 16: 14 shapes
+// with many row blocks, the rule's choice within 0.7 % of the best on all of them); where its
+// fill is worse it lost 2-22 % (8192x8192: 31.9 against 26.1 us).
+constexpr double kRb2FillSlack = 0.02;
 // Plain BF16 (NW warps, no exception warp): 70-116 registers at NB 1 and 88-156 at NB 2 hold
 // about 16 warps per SM whatever NW, so NW sets the grain of a wave. The shapes named are the
 // swept ones each family's kernels serve.
@@ -223,8 +234,33 @@ double WaveFill(int64_t need, int ctas_per_sm) {
   return static_cast<double>(need) / static_cast<double>(waves * ctas_per_sm);
 }
 
+// The RB 2 kernel whose grid fills the last wave best, if that is within kRb2FillSlack of
+// `fill_rb1` (unsplit 12-bit NB 2 launches only).
+std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int sm_count, double fill_rb1) {
+  const int64_t row_blocks = launch.n / 16;
+  const int64_t groups = launch.k / 64;
+  if (row_blocks % 2 != 0) return std::nullopt;
+  const int64_t need = (row_blocks / 2 + sm_count - 1) / sm_count;
+  std::optional<KernelConfig> best;
+  double best_fill = 0;
+  for (const Family& f : kZ12Nb2Rb2) {
+    const int ug = f.ugs[0];
+    const int64_t quantum = int64_t{f.nw} * ug;
+    if (groups % quantum != 0 || groups / quantum < kMinTripsPerWarp) continue;
+    const KernelConfig c{WeightFormat::kZ12, f.nw, ug, 2, f.pipe, 1, 2};
+    if (!Validate(c, launch, DefaultDeviceLimits()).ok()) continue;
+    const double fill = WaveFill(need, f.ctas_per_sm);
+    if (!best || fill > best_fill) {
+      best = c;
+      best_fill = fill;
+    }
+  }
+  if (best && best_fill >= fill_rb1 - kRb2FillSlack) return best;
+  return std::nullopt;
+}
+
 std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, int nb,
-                                   int sm_count) {
+                                   int sm_count, bool allow_rb2) {
   if (nb > 2) return std::nullopt;
   const Families& fam = FamiliesFor(format, nb);
   const GemvShape launch{std::min<int64_t>(shape.m, 8 * nb), shape.n, shape.k};
@@ -280,7 +316,14 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
         const int64_t quantum = int64_t{s} * f->nw * ug;
         if (groups % quantum != 0 || groups / quantum < kMinTripsPerWarp) continue;
         const KernelConfig c{format, f->nw, ug, nb, f->pipe, s};
-        if (Validate(c, launch, limits).ok()) return c;
+        if (!Validate(c, launch, limits).ok()) continue;
+        if (allow_rb2 && format == WeightFormat::kZ12 && nb == 2 && s == 1) {
+          if (std::optional<KernelConfig> r =
+                  TwoRowBlocks(launch, sm_count, WaveFill(need, f->ctas_per_sm))) {
+            return r;
+          }
+        }
+        return c;
       }
     }
   }
@@ -311,12 +354,17 @@ std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
       }
     }
   }
+  for (const Family& f : kZ12Nb2Rb2) {
+    out.push_back({KernelConfig{WeightFormat::kZ12, f.nw, f.ugs[0], 2, f.pipe, 1, 2}, f.ctas_per_sm});
+  }
   return out;
 }
 
 }  // namespace internal
 
-KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm_count) {
+namespace {
+
+KernelConfig Heuristic(const GemvShape& shape, WeightFormat format, int sm_count, bool allow_rb2) {
   sm_count = std::max(sm_count, 1);
   const GemvShape s{std::max<int64_t>(shape.m, 1), shape.n, shape.k};
   const int nb_wanted = internal::TokenBlocksFor(s.m);
@@ -325,11 +373,26 @@ KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm
   for (int nb = nb_wanted; nb >= 1; --nb) {
     // K that no family's warps divide (4096x11008: 172 groups) falls back to the old rule,
     // whose z12.nw2.ug1.nb1.pipe3.s2 there was the fastest configuration measured.
-    if (std::optional<KernelConfig> c = Shaped(s, format, nb, sm_count)) return *c;
+    if (std::optional<KernelConfig> c = Shaped(s, format, nb, sm_count, allow_rb2)) return *c;
     if (std::optional<KernelConfig> c = BestWithTokenBlocks(s, format, nb, sm_count)) return *c;
   }
   // Only shapes no kernel takes (N % 16, K % 64) get here; Validate names their problem.
   return KernelConfig{format, 8, 1, nb_wanted, 3, 1};
+}
+
+}  // namespace
+
+namespace internal {
+
+KernelConfig HeuristicConfigWithoutRb2(const GemvShape& shape, WeightFormat format,
+                                       int sm_count) {
+  return Heuristic(shape, format, sm_count, /*allow_rb2=*/false);
+}
+
+}  // namespace internal
+
+KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm_count) {
+  return Heuristic(shape, format, sm_count, /*allow_rb2=*/true);
 }
 
 }  // namespace gemvz
