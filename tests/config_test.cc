@@ -132,7 +132,8 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
       {"nw8.ug2.nb2.pipe3.s1", "it must start with the format"},
       {"fp16.nw8.ug2.nb2.pipe3", "it must start with the format"},
       // Unknown fields.
-      {"z12.nw8.ug2.nb2.pipe3.q1", "field 'q1' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, s<N>"},
+      {"z12.nw8.ug2.nb2.pipe3.q1",
+       "field 'q1' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, s<N>"},
       {"z12.nw8.ug2.nb2.pipe3.s1.", "field '' is not one of"},
       {"z12..nw8.ug2.nb2.pipe3", "field '' is not one of"},
       {"z12.NW8.ug2.nb2.pipe3", "field 'NW8' is not one of"},

@@ -355,7 +355,8 @@ std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
     }
   }
   for (const Family& f : kZ12Nb2Rb2) {
-    out.push_back({KernelConfig{WeightFormat::kZ12, f.nw, f.ugs[0], 2, f.pipe, 1, 2}, f.ctas_per_sm});
+    out.push_back(
+        {KernelConfig{WeightFormat::kZ12, f.nw, f.ugs[0], 2, f.pipe, 1, 2}, f.ctas_per_sm});
   }
   return out;
 }
