@@ -290,14 +290,8 @@ TEST_F(TuningFileTest, SaveCreatesTheDirectoryAndLeavesNoTemporaryFiles) {
 }
 
 TEST_F(TuningFileTest, FileFollowsTheDocumentedSchema) {
-  TunedChoice c;
-  c.arch = "sm_90";
-  c.format = WeightFormat::kBf16;
-  c.m = 8;
-  c.n = 4096;
-  c.k = 8192;
-  c.config = KernelConfig{WeightFormat::kBf16, 8, 2, 1, 3, 2};
-  c.time_us = 12.25;
+  const TunedChoice c{"sm_90", WeightFormat::kBf16, 8, 4096, 8192,
+                      KernelConfig{WeightFormat::kBf16, 8, 2, 1, 3, 2}, 12.25};
   ASSERT_TRUE(SaveTunedChoices({c}).ok());
   const nlohmann::json doc = nlohmann::json::parse(ReadAll(path_));
   EXPECT_EQ(doc.at("version"), 1);
@@ -449,14 +443,8 @@ TEST_F(TuningFileTest, CorruptFilesAreReportedNamingTheFile) {
 // Version 1 while no entry needs RB (older gemvz keep reading the file), 2 once one does (older
 // gemvz refuse it instead of failing on ".rb2" and setting the file aside as corrupt).
 TEST_F(TuningFileTest, VersionIsTheOldestThatHoldsTheEntries) {
-  TunedChoice c;
-  c.arch = "sm_90";
-  c.format = WeightFormat::kZ12;
-  c.m = 16;
-  c.n = 28672;
-  c.k = 4096;
-  c.config = KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1};
-  c.time_us = 45.0;
+  const TunedChoice c{"sm_90", WeightFormat::kZ12, 16, 28672, 4096,
+                      KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1}, 45.0};
   ASSERT_TRUE(SaveTunedChoices({c}).ok());
   EXPECT_EQ(nlohmann::json::parse(ReadAll(path_)).at("version"), 1);
   TunedChoice r = c;

@@ -92,8 +92,7 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
           absl::StrCat("bad configuration '", text, "': missing field ", kNames[f], "<N>"));
     }
   }
-  if (!seen[4]) c.splits = 1;  // s defaults to 1
-  if (!seen[5]) c.rb = 1;      // and rb to 1
+  if (!seen[4]) c.splits = 1;  // s defaults to 1 (and rb to 1, KernelConfig's default)
   if (absl::Status st = ValidateConfig(c); !st.ok()) return st;
   return c;
 }

@@ -152,6 +152,11 @@ constexpr std::array<Family, 2> kZ12Nb2Rb2 = {{
 // with many row blocks, the rule's choice within 0.7 % of the best on all of them); where its
 // fill is worse it lost 2-22 % (8192x8192: 31.9 against 26.1 us).
 constexpr double kRb2FillSlack = 0.02;
+
+// An RB 2 family's kernel: its one UG, NB 2, S 1.
+KernelConfig Rb2Kernel(const Family& f) {
+  return KernelConfig{WeightFormat::kZ12, f.nw, f.ugs[0], 2, f.pipe, 1, 2};
+}
 // Plain BF16 (NW warps, no exception warp): 70-116 registers at NB 1 and 88-156 at NB 2 hold
 // about 16 warps per SM whatever NW, so NW sets the grain of a wave. The shapes named are the
 // swept ones each family's kernels serve.
@@ -244,10 +249,9 @@ std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int sm_count, 
   std::optional<KernelConfig> best;
   double best_fill = 0;
   for (const Family& f : kZ12Nb2Rb2) {
-    const int ug = f.ugs[0];
-    const int64_t quantum = int64_t{f.nw} * ug;
+    const KernelConfig c = Rb2Kernel(f);
+    const int64_t quantum = int64_t{c.nw} * c.ug;
     if (groups % quantum != 0 || groups / quantum < kMinTripsPerWarp) continue;
-    const KernelConfig c{WeightFormat::kZ12, f.nw, ug, 2, f.pipe, 1, 2};
     if (!Validate(c, launch, DefaultDeviceLimits()).ok()) continue;
     const double fill = WaveFill(need, f.ctas_per_sm);
     if (!best || fill > best_fill) {
@@ -354,10 +358,7 @@ std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
       }
     }
   }
-  for (const Family& f : kZ12Nb2Rb2) {
-    out.push_back(
-        {KernelConfig{WeightFormat::kZ12, f.nw, f.ugs[0], 2, f.pipe, 1, 2}, f.ctas_per_sm});
-  }
+  for (const Family& f : kZ12Nb2Rb2) out.push_back({Rb2Kernel(f), f.ctas_per_sm});
   return out;
 }
 

@@ -66,13 +66,10 @@ CompileRequest RequestForConfig(const KernelConfig& config, std::string_view arc
   r.arch = std::string(arch);
   const std::string format(FormatName(config.format));
   r.source_file = absl::StrCat(format, "_gemv.cuh");
-  r.name_expression = absl::StrFormat("gemvz_%s_kernel<%d, %d, %d, %d>", format, config.nw,
-                                      config.ug, config.nb, config.pipe);
   // z12's fifth template argument, RB, defaults to 1; spelled out only when it is not.
-  if (config.rb != 1) {
-    r.name_expression = absl::StrFormat("gemvz_%s_kernel<%d, %d, %d, %d, %d>", format, config.nw,
-                                        config.ug, config.nb, config.pipe, config.rb);
-  }
+  r.name_expression = absl::StrFormat("gemvz_%s_kernel<%d, %d, %d, %d%s>", format, config.nw,
+                                      config.ug, config.nb, config.pipe,
+                                      config.rb != 1 ? absl::StrCat(", ", config.rb) : "");
   r.kernel_name = config.KernelName();
   return r;
 }
