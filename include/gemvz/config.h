@@ -67,10 +67,13 @@ struct GemvShape {
   std::string ToString() const;  // "m8.n4096.k8192"
 };
 
+// The static shared memory any kernel may declare (ptxas's limit on every architecture).
+constexpr int64_t kMaxStaticSharedBytes = 48 * 1024;
+
 // What Validate needs to know about the target GPU.
 struct DeviceLimits {
   int max_threads_per_block = 1024;
-  int64_t max_shared_per_block = 48 * 1024;  // static shared memory
+  int64_t max_shared_per_block = kMaxStaticSharedBytes;  // static shared memory
   int64_t max_grid_x = 2147483647;
   int64_t max_grid_y = 65535;
   int sm_count = 132;
@@ -80,7 +83,8 @@ struct DeviceLimits {
 // An H200's limits, for validating without a GPU.
 DeviceLimits DefaultDeviceLimits();
 
-// The configuration alone: value ranges, NW >= NB and NW + 1 >= RB * NB.
+// The configuration alone: value ranges, NW >= NB, NW + 1 >= RB * NB and static shared memory
+// within kMaxStaticSharedBytes.
 absl::Status ValidateConfig(const KernelConfig& config);
 // The configuration against a shape and a device. The message names the rule that fails.
 absl::Status Validate(const KernelConfig& config, const GemvShape& shape,

@@ -131,6 +131,13 @@ absl::Status ValidateConfig(const KernelConfig& c) {
     return fail(absl::StrCat("NW + 1 >= RB * NB is required: the first RB*NB*32 threads do the ",
                              "final reduction (NW=", c.nw, ", RB=", c.rb, ", NB=", c.nb, ")"));
   }
+  // No GPU lets a kernel declare more than 48 KiB of static shared memory (ptxas refuses it), so
+  // such a configuration cannot be compiled at all, whatever the shape or device.
+  if (c.shared_bytes() > kMaxStaticSharedBytes) {
+    return fail(absl::StrCat("static shared memory ", c.shared_bytes(), " bytes exceeds ",
+                             kMaxStaticSharedBytes, ", the most any kernel may declare",
+                             c.rb > 1 ? " (lower NW, NB or RB)" : " (lower NW or NB)"));
+  }
   return absl::OkStatus();
 }
 
