@@ -1,5 +1,6 @@
 // The compressed GEMV (seed chapter 8): one CTA = RB 16-row blocks x one K slice (blockIdx.y of
-// S). NW streaming warps decode 12-bit weights in registers and feed mma.sync m16n8k16; warp NW
+// S). NW streaming warps decode 12-bit weights in registers and feed mma.sync m16n8k16, each
+// taking its share of the slice's trips of UG groups (as even as whole trips go: k_range); warp NW
 // applies the exact sparse corrections at the same time. With RB 2 every streaming warp streams
 // its K range of both row blocks at once and feeds both from one load of x's fragments: the
 // same bytes in flight as UG 2 with fewer registers (x's fragments are the larger share at NB 2).
@@ -28,7 +29,7 @@ __global__ void __launch_bounds__((NW + 1) * 32,
   // Dense rows' CTAs come first, so they start in the first wave and end long before the last
   // row block (last, they waited for a free slot and then ran alone: +50 % measured at m = 16).
   const int cb = static_cast<int>(blockIdx.x) - p.n_dense, sidx = blockIdx.y;
-  const int KG = p.K / 64, KGS = KG / p.S, KGW = KGS / NW;
+  const int KG = p.K / 64;
   const int M = p.M;
   __shared__ float4 red[NW][RB * NB * 32];
   __shared__ float ecorr[RB * 16][NB * 8 + 1];  // +1: 16 lanes writing 16 rows hit 16 banks
@@ -42,7 +43,8 @@ __global__ void __launch_bounds__((NW + 1) * 32,
   if ((p.flags & 4) && cb >= 0 && warp < NW && lane == 0) {
 #pragma unroll
     for (int j = 0; j < RB; j++) {
-      const size_t first = (static_cast<size_t>(cb * RB + j) * KG + sidx * KGS + warp * KGW) * 96;
+      const size_t first =
+          (static_cast<size_t>(cb * RB + j) * KG + k_range<NW, UG>(KG, p.S, sidx, warp).g0) * 96;
       prefetch_l2_bulk(static_cast<const uint4*>(p.w) + first, UG * 96 * 16);
     }
   }
@@ -106,7 +108,8 @@ __global__ void __launch_bounds__((NW + 1) * 32,
     // ---- Exception warp: lane -> (row r, tokens p, p+2, ...) for each row block in turn; fixed
     // order, so deterministic.
     const int r = lane & 15, par = lane >> 4;
-    const int klo = sidx * KGS * 64, khi = klo + KGS * 64;
+    const KRange kr = k_range<NW, UG>(KG, p.S, sidx, warp);  // the slice's [lo, hi)
+    const int klo = kr.lo * 64, khi = kr.hi * 64;
     const bool corrections = !(p.flags & 1);
     unsigned dense_mask = 0;  // rows whose own CTA stores them
 #pragma unroll
@@ -144,7 +147,8 @@ __global__ void __launch_bounds__((NW + 1) * 32,
     if (lane == 0) s_dense = dense_mask;
   } else {
     // ---- Streaming warps: RB row blocks at once, each group's x fragments shared by all.
-    const int g0 = sidx * KGS + warp * KGW;  // this warp's first group
+    const KRange kr = k_range<NW, UG>(KG, p.S, sidx, warp);
+    const int g0 = kr.g0, KGW = kr.n;  // this warp's groups [g0, g0 + KGW)
     // One (row block, group) is 96 16-byte units: sections 0, 1, 2 of 32 lanes each. Row block j
     // of this CTA starts j * KG * 96 units further on.
     const uint4* wp =

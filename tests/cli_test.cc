@@ -238,13 +238,13 @@ TEST_F(CliTest, TuneExplainsWhatItNeeds) {
 }
 
 TEST_F(CliTest, TuneReportsTheRuleAnInvalidConfigurationBreaks) {
-  // K = 8192 is not divisible by 64 * S * NW * UG = 64 * 16 * 8 * 2.
+  // K = 8192 is 64 trips of UG = 2 groups: 4 per slice of S = 16, fewer than NW = 8 warps.
   const Result r = Run({"tune", "--shape=4096x8192", "--m=8",
                         "--config=z12.nw8.ug2.nb1.pipe3.s16"});
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_CONTAINS(r.err, "z12.nw8.ug2.nb1.pipe3.s16");
   EXPECT_CONTAINS(r.err, "m8.n4096.k8192");
-  EXPECT_CONTAINS(r.err, "64*S*NW*UG");
+  EXPECT_CONTAINS(r.err, "K/(64*S*UG) = 4 trips per K slice must be at least NW = 8");
   // m = 16 does not fit one launch of NB = 1.
   const Result m = Run({"tune", "--shape=4096x8192", "--m=16",
                         "--config=z12.nw8.ug2.nb1.pipe3.s1"});

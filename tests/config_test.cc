@@ -305,23 +305,42 @@ TEST(ValidateTest, TheBaselinePasses) {
   EXPECT_EQ(DefaultDeviceLimits().sm_count, 132);
 }
 
-TEST(ValidateTest, KMustBeDivisibleBy64TimesSTimesNwTimesUg) {
-  // 64*S*NW*UG = 64*2*8*2 = 2048; 8192 + 1024 is a multiple of 64 but not of 2048.
-  ExpectRule(kGood, GemvShape{16, 4096, 9216}, "K must be divisible by 64*S*NW*UG = 2048");
+TEST(ValidateTest, Z12KComesInWholeTripsAtLeastOnePerWarp) {
+  // The 12-bit warps need not get equal shares: 9216 = 36 trips of UG 2 per slice of S = 2 over
+  // NW = 8 (4 or 5 each), 8192 over NW = 6, 11008 (Llama-2-7B's 172 groups) over 16 warps.
+  EXPECT_TRUE(Validate(kGood, GemvShape{16, 4096, 9216}).ok());
   KernelConfig c = kGood;
-  c.splits = 3;
-  ExpectRule(c, kGoodShape, "K must be divisible by 64*S*NW*UG = 3072");
+  c.nw = 6;
+  EXPECT_TRUE(Validate(c, kGoodShape).ok());
+  EXPECT_TRUE(Validate(KernelConfig{WeightFormat::kZ12, 16, 1, 1, 2, 1}, GemvShape{1, 4096, 11008})
+                  .ok());
+  // Every slice the same whole trips: 64*S*UG must divide K.
+  ExpectRule(kGood, GemvShape{16, 4096, 8192 + 128},
+             "K must be divisible by 64*S*UG = 256 (K slices of whole trips of UG groups)");
   c = kGood;
+  c.splits = 3;
+  ExpectRule(c, kGoodShape, "K must be divisible by 64*S*UG = 384");
+  // A trip for every warp: 1024 is 4 trips of UG 2 per slice, for NW = 8 warps.
+  ExpectRule(kGood, GemvShape{16, 4096, 1024},
+             "K/(64*S*UG) = 4 trips per K slice must be at least NW = 8, one for every warp");
+  EXPECT_TRUE(Validate(kGood, GemvShape{16, 4096, 2048}).ok());
+}
+
+TEST(ValidateTest, PlainKMustBeDivisibleBy64TimesSTimesNwTimesUg) {
+  // The plain kernel's warps take equal shares: 64*S*NW*UG = 64*2*8*2 = 2048.
+  KernelConfig c = kGood;
+  c.format = WeightFormat::kBf16;
+  ExpectRule(c, GemvShape{16, 4096, 9216},
+             "K must be divisible by 64*S*NW*UG = 2048 (the plain kernel's warps take equal "
+             "shares)");
   c.nw = 6;
   ExpectRule(c, kGoodShape, "K must be divisible by 64*S*NW*UG = 1536");
   c.splits = 1;
   c.ug = 1;
   EXPECT_TRUE(Validate(c, GemvShape{16, 4096, 64 * 6 * 7}).ok());
-  // K per warp below one group: a quantum larger than K.
-  ExpectRule(kGood, GemvShape{16, 4096, 1024}, "K must be divisible by 64*S*NW*UG = 2048");
 }
 
-TEST(ValidateTest, RandomShapesFollowTheDivisibilityRule) {
+TEST(ValidateTest, RandomShapesFollowTheTripRule) {
   const uint64_t seed = Seed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   std::mt19937_64 rng(seed);
@@ -334,12 +353,18 @@ TEST(ValidateTest, RandomShapesFollowTheDivisibilityRule) {
     const GemvShape s{1 + static_cast<int64_t>(rng() % (8 * c.nb)),
                       16 * (1 + static_cast<int64_t>(rng() % 2048)),
                       64 * (1 + static_cast<int64_t>(rng() % 1024))};
-    const int64_t quantum = int64_t{64} * c.splits * c.nw * c.ug;
     const absl::Status st = Validate(c, s);
-    if (s.k % quantum == 0) {
-      EXPECT_TRUE(st.ok()) << Msg(st);
-    } else {
+    const int64_t quantum = int64_t{64} * c.splits * c.nw * c.ug;
+    const int64_t slice = int64_t{64} * c.splits * c.ug;
+    if (c.format == WeightFormat::kBf16 && s.k % quantum != 0) {
       EXPECT_CONTAINS(Msg(st), absl::StrCat("64*S*NW*UG = ", quantum)) << Msg(st);
+    } else if (c.format == WeightFormat::kZ12 && s.k % slice != 0) {
+      EXPECT_CONTAINS(Msg(st), absl::StrCat("K must be divisible by 64*S*UG = ", slice));
+    } else if (c.format == WeightFormat::kZ12 && s.k / slice < c.nw) {
+      EXPECT_CONTAINS(Msg(st), absl::StrCat("K/(64*S*UG) = ", s.k / slice,
+                                            " trips per K slice must be at least NW = ", c.nw));
+    } else {
+      EXPECT_TRUE(st.ok()) << Msg(st);
     }
   }
 }

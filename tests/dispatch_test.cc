@@ -322,7 +322,7 @@ TEST_F(TuningFileTest, SaveRejectsInvalidChoicesAndWritesNothing) {
     mutate(c);
     cases.push_back({c, message});
   };
-  add([](TunedChoice& c) { c.k = 8192 + 512; }, "K must be divisible by 64*S*NW*UG = 1024");
+  add([](TunedChoice& c) { c.k = 8192 + 64; }, "K must be divisible by 64*S*UG = 128");
   add([](TunedChoice& c) { c.m = 0; }, "m must be at least 1 (got 0)");
   add([](TunedChoice& c) { c.n = 4100; }, "N must be a positive multiple of 16");
   add(
@@ -415,7 +415,7 @@ TEST_F(TuningFileTest, CorruptFilesAreReportedNamingTheFile) {
       {entry(absl::StrCat(
            R"("arch": "sm_90", "format": "z12", "config": "z12.nw8.ug2.nb1.pipe3.s16", )",
            entry_tail)),
-       "K must be divisible by 64*S*NW*UG"},
+       "4 trips per K slice must be at least NW = 8"},
       {entry(
            absl::StrCat(R"("arch": "sm_90", "format": "z12", "config": "z12.nw8.ug2.nb1.pipe3", )",
                         R"("m": 8, "n": 4096, "k": 8192, "time_us": -2)")),
@@ -847,6 +847,10 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {8, 10240, 8192, "bf16.nw4.ug2.nb1.pipe1.s1"},   // the best, 43.60 us
       {1, 6144, 4096, "bf16.nw8.ug1.nb1.pipe1.s1"},    // the best, 14.67 us
       {16, 2048, 4096, "bf16.nw16.ug2.nb2.pipe3.s1"},  // 7.56 us, best 7.46 (was 15.12)
+      // K that no family's warps divide (Llama-2-7B's down projection, 172 groups) takes a
+      // family's balanced uneven shares (session 6, one run of 240 and 400 candidates):
+      {1, 4096, 11008, "z12.nw16.ug1.nb1.pipe2.s1"},   // 17.93 us, best 17.60 (was 23.27)
+      {16, 4096, 11008, "z12.nw8.ug2.nb2.pipe4.s1"},   // 19.05 us, best 19.00 (was 27.89)
   };
   for (const Case& c : kCases) {
     const KernelConfig want = KernelConfig::Parse(c.config).value();
@@ -996,7 +1000,11 @@ TEST(SweepSpaceTest, ExactlyTheValidGridInAStableOrder) {
               const bool rb2 = f == WeightFormat::kZ12 && nb >= 2 && ug <= 2;
               for (int rb = 1; rb <= (rb2 ? 2 : 1); ++rb) {
                 const KernelConfig c{f, nw, ug, nb, pipe, s, rb};
-                if (Validate(c, launch).ok()) expected.push_back(c);
+                // Uneven 12-bit shares of K only with the busiest warp within 10 % of the mean.
+                const int64_t trips = shape.k / 64 / (s * ug);  // per K slice
+                const bool even = shape.k / 64 % (int64_t{s} * nw * ug) == 0;
+                const bool balanced = (trips + nw - 1) / nw * nw * 10 <= trips * 11;
+                if (Validate(c, launch).ok() && (even || balanced)) expected.push_back(c);
               }
             }
           }
@@ -1030,8 +1038,9 @@ TEST(SweepSpaceTest, ContainsTheTunedTableAndIsBounded) {
     EXPECT_NE(std::find(space.begin(), space.end(), c.config), space.end())
         << c.config.ToString() << " m" << c.m << " " << c.n << "x" << c.k;
     // A full sweep times every entry at each m: 900 configurations per suite shape before RB 2,
-    // 1107 with it (the NB >= 2, UG <= 2 share); this bounds the growth of a sweep's time.
-    EXPECT_LE(space.size(), 1200u);
+    // 1107 with it (the NB >= 2, UG <= 2 share), 1215-1467 with the 12-bit kernel's balanced
+    // uneven shares of K (NW 6 and 12 on the suite's K); this bounds the growth of a sweep's time.
+    EXPECT_LE(space.size(), 1500u);
     EXPECT_GE(space.size(), 50u);  // the suite's shapes leave plenty to time
   }
   // Nothing is valid for shapes no kernel takes.

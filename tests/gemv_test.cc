@@ -13,8 +13,10 @@
 #include "gtest/gtest.h"
 #include "kernel_sources/gemv_params.cuh"
 #include "runtime/cuda/driver.h"
+#include "runtime/dispatch/dispatcher.h"
 #include "runtime/gemv/autotune.h"
 #include "runtime/gemv/device_state.h"
+#include "runtime/jit/config_list.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tests/support/gpu_util.h"
 #include "tests/support/random_weights.h"
@@ -136,6 +138,62 @@ TEST(Gemv, DispatcherChoicesOnTheSuite) {
                                                 {28672, 4096}, {4096, 14336}, {10240, 8192},
                                                 {8192, 28672}};
   for (auto [n, k] : suite) {
+    const Problem p = Problem::Make(n, k, testing::RandomMatrix(n, k, Distribution::kNormal, seed));
+    for (int64_t m : {1, 8, 16}) {
+      auto plan = PlanGemv(p.dm, m);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      EXPECT_EQ(p.Check(m, {}, seed + m), "") << n << "x" << k << " m=" << m << " "
+                                              << plan->config.ToString() << " (" << plan->source
+                                              << ")";
+    }
+  }
+}
+
+// K whose groups no warp count divides: 43 groups (a prime) and 86, so the 12-bit kernel's warps
+// take uneven shares (counts one trip apart) at every NW >= 2, with and without split-K, RB 2 and
+// every PIPE; the dense rows of MixedWeights and its exceptions fall in every share.
+TEST(Gemv, UnevenSharesOfK) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t n = 256;
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  int tested = 0, uneven = 0;
+  for (const int64_t k : {64 * 43, 64 * 86}) {
+    const Problem z = Problem::Make(n, k, MixedWeights(n, k, seed + k));
+    ASSERT_EQ(z.dm.format(), WeightFormat::kZ12);
+    std::vector<KernelConfig> configs;
+    for (int nw : {2, 4, 6, 8, 16})
+      for (int ug : {1, 2})
+        for (int nb = 1; nb <= 4; ++nb)
+          for (int pipe = 0; pipe <= MaxPipe(WeightFormat::kZ12); ++pipe)
+            for (int s : {1, 2})
+              for (int rb = 1; rb <= 2; ++rb) {
+                const KernelConfig c{WeightFormat::kZ12, nw, ug, nb, pipe, s, rb};
+                if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
+              }
+    auto arch = internal::DeviceArch(0);
+    ASSERT_TRUE(arch.ok());
+    ASSERT_TRUE(PrecompileAll(internal::DistinctKernels(configs), *arch, 0).ok());
+    for (const KernelConfig& c : configs) {
+      const int64_t m = 1 + static_cast<int64_t>(rng() % (8 * c.nb));
+      EXPECT_EQ(z.Check(m, GemvOptions{c}, seed + tested), "") << c.ToString() << " k=" << k
+                                                                << " m=" << m;
+      ++tested;
+      uneven += !internal::EvenShares(k / 64, c);
+    }
+  }
+  EXPECT_GT(uneven, 500);
+  std::printf("[ info ] %d configurations checked, %d with uneven shares\n", tested, uneven);
+}
+
+// The dispatcher on real models' K that the warps cannot share evenly (Llama-2-7B's and
+// Qwen2.5-7B's down projections, and a row-starved one that may split K).
+TEST(Gemv, DispatcherChoicesOnOddK) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{4096, 11008}, {3584, 18944}, {1024, 11008}}) {
     const Problem p = Problem::Make(n, k, testing::RandomMatrix(n, k, Distribution::kNormal, seed));
     for (int64_t m : {1, 8, 16}) {
       auto plan = PlanGemv(p.dm, m);
@@ -272,7 +330,10 @@ TEST(Gemv, BitwiseDeterministic) {
   for (const KernelConfig& c : {KernelConfig{WeightFormat::kZ12, 8, 2, 2, 3, 1},
                                 KernelConfig{WeightFormat::kZ12, 8, 2, 2, 3, 4},
                                 KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1, 2},
-                                KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4, 2}}) {
+                                KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4, 2},
+                                // uneven shares of K: 64 trips over 6 warps, 32 over 12 (S = 4)
+                                KernelConfig{WeightFormat::kZ12, 6, 2, 2, 3, 1},
+                                KernelConfig{WeightFormat::kZ12, 12, 1, 2, 0, 4}}) {
     SCOPED_TRACE(c.ToString());
     const GemvOptions opt{c};
     std::vector<uint16_t> first(m * n), again(m * n);
@@ -379,9 +440,11 @@ TEST(Gemv, ErrorPaths) {
   EXPECT_NE(run(1, {}, nullptr, out).message().find("not null"), std::string::npos);
   EXPECT_NE(run(1, {}, x, nullptr).message().find("not null"), std::string::npos);
   EXPECT_NE(Gemv(DeviceMatrix(), x, 1, out, nullptr).message().find("empty"), std::string::npos);
-  // K = 256 = 4 groups: NW=8 cannot split it.
+  // K = 256 = 4 groups: not one for each of 8 warps.
   auto st = run(1, GemvOptions{KernelConfig{WeightFormat::kZ12, 8, 1, 1, 3, 1}}, x, out);
-  EXPECT_NE(st.message().find("K must be divisible by 64*S*NW*UG"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("K/(64*S*UG) = 4 trips per K slice must be at least NW = 8"),
+            std::string::npos)
+      << st;
   st = run(1, GemvOptions{KernelConfig{WeightFormat::kBf16, 4, 1, 1, 3, 1}}, x, out);
   EXPECT_NE(st.message().find("matrix is z12"), std::string::npos) << st;
   st = run(9, GemvOptions{KernelConfig{WeightFormat::kZ12, 2, 1, 1, 3, 1}}, x, out);

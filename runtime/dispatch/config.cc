@@ -168,9 +168,25 @@ absl::Status Validate(const KernelConfig& c, const GemvShape& s, const DeviceLim
   if (s.k < 64 || s.k % 64 != 0) return fail("K must be a positive multiple of 64");
   // The kernels take M, N and K as 32-bit ints.
   if (s.n > INT32_MAX || s.k > INT32_MAX) return fail("N and K must be below 2^31");
-  const int64_t quantum = int64_t{64} * c.splits * c.nw * c.ug;
-  if (s.k % quantum != 0) {
-    return fail(absl::StrCat("K must be divisible by 64*S*NW*UG = ", quantum));
+  if (c.format == WeightFormat::kBf16) {
+    // The plain kernel's warps take equal shares of K.
+    const int64_t quantum = int64_t{64} * c.splits * c.nw * c.ug;
+    if (s.k % quantum != 0) {
+      return fail(absl::StrCat("K must be divisible by 64*S*NW*UG = ", quantum,
+                               " (the plain kernel's warps take equal shares)"));
+    }
+  } else {
+    // The 12-bit kernel's take K in whole trips of UG groups, each K slice the same number, and
+    // share a slice's trips as evenly as whole trips go (counts differ by at most one).
+    const int64_t slice = int64_t{64} * c.splits * c.ug;
+    if (s.k % slice != 0) {
+      return fail(absl::StrCat("K must be divisible by 64*S*UG = ", slice,
+                               " (K slices of whole trips of UG groups)"));
+    }
+    if (s.k / slice < c.nw) {
+      return fail(absl::StrCat("K/(64*S*UG) = ", s.k / slice, " trips per K slice must be at ",
+                               "least NW = ", c.nw, ", one for every warp"));
+    }
   }
   if (s.n / (16 * c.rb) > limits.max_grid_x) {
     return fail("N/(16*RB) CTAs per K slice exceed the grid's x limit");

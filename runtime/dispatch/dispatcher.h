@@ -21,6 +21,14 @@ inline constexpr int64_t kMaxTokensPerLaunch = 8 * kMaxTokenBlocks;
 // The smallest NB (1..4) whose 8*NB rows cover min(m, 32).
 int TokenBlocksFor(int64_t m);
 
+// The 12-bit kernel's warps share a K slice's trips of UG groups as evenly as whole trips go
+// (kernel_sources/common.cuh, k_range). EvenShares: every warp the same trips for K = 64 * groups;
+// Balanced: the busiest warp's trips within kMaxWarpImbalance of the mean (its CTA waits for it),
+// which the heuristic and the sweep ask of uneven shares.
+inline constexpr double kMaxWarpImbalance = 1.10;
+bool EvenShares(int64_t groups, const KernelConfig& c);
+bool Balanced(int64_t groups, const KernelConfig& c);
+
 // Every kernel the heuristic's shaped rule (NB 1 and 2, both formats) may pick, with the CTAs
 // per SM that the rule counts on it holding (S = 1; HeuristicTest checks registers against it,
 // JitGpuTest the driver's occupancy).

@@ -18,6 +18,18 @@ int TokenBlocksFor(int64_t m) {
   return static_cast<int>((rows + 7) / 8);
 }
 
+bool EvenShares(int64_t groups, const KernelConfig& c) {
+  return groups % (int64_t{c.splits} * c.nw * c.ug) == 0;
+}
+
+// Uneven shares are taken by the heuristic only within a family none of whose UGs gives equal
+// ones: 4096x11008's 172 groups over NW 16 give 11 trips against a mean of 10.75.
+bool Balanced(int64_t groups, const KernelConfig& c) {
+  const int64_t trips = groups / (int64_t{c.splits} * c.ug);  // per K slice
+  const int64_t busiest = (trips + c.nw - 1) / c.nw;
+  return static_cast<double>(busiest * c.nw) <= kMaxWarpImbalance * static_cast<double>(trips);
+}
+
 }  // namespace internal
 
 namespace {
@@ -29,6 +41,15 @@ constexpr int64_t kMinTripsPerWarp = 2;
 constexpr int64_t kTargetWavesOfCtas = 2;
 
 constexpr std::array<int, 6> kSplits = {1, 2, 3, 4, 6, 8};
+
+// The loop trips of the warp with the fewest: the 12-bit kernel's warps share a K slice's trips of
+// UG groups as evenly as whole trips go (kernel_sources/common.cuh, k_range).
+int64_t MinTripsPerWarp(int64_t groups, const KernelConfig& c) {
+  return groups / c.ug / (int64_t{c.splits} * c.nw);
+}
+
+using internal::Balanced;
+using internal::EvenShares;
 constexpr std::array<int, 3> kUgPreference = {2, 1, 4};
 
 // Chapter 8's tuner settles on 8 warps for most shapes and 16 for the largest; other counts are
@@ -79,11 +100,9 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
   for (int nw = nb; nw <= 32; ++nw) {
     for (int ug : kUgPreference) {
       for (int s : kSplits) {
-        const int64_t quantum = int64_t{s} * nw * ug;
-        if (groups % quantum != 0) continue;
         const KernelConfig c{format, nw, ug, nb, PipeFor(format, nw, ug, nb), s};
         if (!Validate(c, launch, limits).ok()) continue;
-        const int64_t trips = groups / quantum;
+        const int64_t trips = MinTripsPerWarp(groups, c);
         const Score score{trips < kMinTripsPerWarp ? 1 : 0, -std::min(row_blocks * s, target_ctas),
                           s, WarpRank(nw, starved), UgRank(ug)};
         if (!best_score || score < *best_score) {
@@ -250,9 +269,9 @@ std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int sm_count, 
   double best_fill = 0;
   for (const Family& f : kZ12Nb2Rb2) {
     const KernelConfig c = Rb2Kernel(f);
-    const int64_t quantum = int64_t{c.nw} * c.ug;
-    if (groups % quantum != 0 || groups / quantum < kMinTripsPerWarp) continue;
     if (!Validate(c, launch, DefaultDeviceLimits()).ok()) continue;
+    if (MinTripsPerWarp(groups, c) < kMinTripsPerWarp) continue;
+    if (!EvenShares(groups, c) && !Balanced(groups, c)) continue;
     const double fill = WaveFill(need, f.ctas_per_sm);
     if (!best || fill > best_fill) {
       best = c;
@@ -315,19 +334,22 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       order.push_back(&fam.wide);
     }
     for (const Family* f : order) {
-      for (int ug : f->ugs) {
-        if (ug == 0) break;
-        const int64_t quantum = int64_t{s} * f->nw * ug;
-        if (groups % quantum != 0 || groups / quantum < kMinTripsPerWarp) continue;
-        const KernelConfig c{format, f->nw, ug, nb, f->pipe, s};
-        if (!Validate(c, launch, limits).ok()) continue;
-        if (allow_rb2 && format == WeightFormat::kZ12 && nb == 2 && s == 1) {
-          if (std::optional<KernelConfig> r =
-                  TwoRowBlocks(launch, sm_count, WaveFill(need, f->ctas_per_sm))) {
-            return r;
+      // The family's UGs that give every warp equal shares, then (12-bit) balanced ones.
+      for (const bool even : {true, false}) {
+        for (int ug : f->ugs) {
+          if (ug == 0) break;
+          const KernelConfig c{format, f->nw, ug, nb, f->pipe, s};
+          if (!Validate(c, launch, limits).ok()) continue;
+          if (MinTripsPerWarp(groups, c) < kMinTripsPerWarp) continue;
+          if (even ? !EvenShares(groups, c) : !Balanced(groups, c)) continue;
+          if (allow_rb2 && format == WeightFormat::kZ12 && nb == 2 && s == 1) {
+            if (std::optional<KernelConfig> r =
+                    TwoRowBlocks(launch, sm_count, WaveFill(need, f->ctas_per_sm))) {
+              return r;
+            }
           }
+          return c;
         }
-        return c;
       }
     }
   }
@@ -373,8 +395,7 @@ KernelConfig Heuristic(const GemvShape& shape, WeightFormat format, int sm_count
   // Fewer token blocks than m needs only when K admits no NW >= NB (K = 64 * odd and m > 8, say):
   // the caller then runs smaller chunks (GemvPlan::chunk_m).
   for (int nb = nb_wanted; nb >= 1; --nb) {
-    // K that no family's warps divide (4096x11008: 172 groups) falls back to the old rule,
-    // whose z12.nw2.ug1.nb1.pipe3.s2 there was the fastest configuration measured.
+    // K that no family takes falls back to the old rule.
     if (std::optional<KernelConfig> c = Shaped(s, format, nb, sm_count, allow_rb2)) return *c;
     if (std::optional<KernelConfig> c = BestWithTokenBlocks(s, format, nb, sm_count)) return *c;
   }

@@ -40,6 +40,9 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
             for (int rb = 1; rb <= max_rb; ++rb) {
               const KernelConfig c{format, nw, ug, nb, pipe, s, rb};
               if (!Validate(c, launch, limits).ok()) continue;
+              // Uneven shares of K only where the busiest warp is near the mean.
+              const int64_t groups = shape.k / 64;
+              if (!internal::EvenShares(groups, c) && !internal::Balanced(groups, c)) continue;
               if (seen.insert(c).second) out.push_back(c);
             }
           }
