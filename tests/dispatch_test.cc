@@ -851,6 +851,7 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       // family's balanced uneven shares (session 6, one run of 240 and 400 candidates):
       {1, 4096, 11008, "z12.nw16.ug1.nb1.pipe2.s1"},   // 17.93 us, best 17.60 (was 23.27)
       {16, 4096, 11008, "z12.nw8.ug2.nb2.pipe4.s1"},   // 19.05 us, best 19.00 (was 27.89)
+      {16, 3584, 18944, "z12.nw8.ug4.nb2.pipe4.s1"},   // 28.93 us, best 28.06 (UG 1: 30.30)
   };
   for (const Case& c : kCases) {
     const KernelConfig want = KernelConfig::Parse(c.config).value();

@@ -22,8 +22,7 @@ bool EvenShares(int64_t groups, const KernelConfig& c) {
   return groups % (int64_t{c.splits} * c.nw * c.ug) == 0;
 }
 
-// Uneven shares are taken by the heuristic only within a family none of whose UGs gives equal
-// ones: 4096x11008's 172 groups over NW 16 give 11 trips against a mean of 10.75.
+// 4096x11008's 172 groups over NW 16 give 11 trips against a mean of 10.75: balanced.
 bool Balanced(int64_t groups, const KernelConfig& c) {
   const int64_t trips = groups / (int64_t{c.splits} * c.ug);  // per K slice
   const int64_t busiest = (trips + c.nw - 1) / c.nw;
@@ -333,23 +332,24 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       order.insert(order.end(), by_fill.begin(), by_fill.end());
       order.push_back(&fam.wide);
     }
+    // A family's UGs in its order of preference, equal shares or balanced ones alike: on the
+    // H200 the preferred UG's uneven shares beat a later UG's equal ones (3584x18944 at m = 16:
+    // z12.nw8.ug4.nb2.pipe4 28.93 us, z12.nw8.ug1.nb2.pipe4 30.30; at m = 1 UG 2 26.06, UG 1
+    // 26.27; 4096x11008 at m = 1: 18.02 against 17.99).
     for (const Family* f : order) {
-      // The family's UGs that give every warp equal shares, then (12-bit) balanced ones.
-      for (const bool even : {true, false}) {
-        for (int ug : f->ugs) {
-          if (ug == 0) break;
-          const KernelConfig c{format, f->nw, ug, nb, f->pipe, s};
-          if (!Validate(c, launch, limits).ok()) continue;
-          if (MinTripsPerWarp(groups, c) < kMinTripsPerWarp) continue;
-          if (even ? !EvenShares(groups, c) : !Balanced(groups, c)) continue;
-          if (allow_rb2 && format == WeightFormat::kZ12 && nb == 2 && s == 1) {
-            if (std::optional<KernelConfig> r =
-                    TwoRowBlocks(launch, sm_count, WaveFill(need, f->ctas_per_sm))) {
-              return r;
-            }
+      for (int ug : f->ugs) {
+        if (ug == 0) break;
+        const KernelConfig c{format, f->nw, ug, nb, f->pipe, s};
+        if (!Validate(c, launch, limits).ok()) continue;
+        if (MinTripsPerWarp(groups, c) < kMinTripsPerWarp) continue;
+        if (!EvenShares(groups, c) && !Balanced(groups, c)) continue;
+        if (allow_rb2 && format == WeightFormat::kZ12 && nb == 2 && s == 1) {
+          if (std::optional<KernelConfig> r =
+                  TwoRowBlocks(launch, sm_count, WaveFill(need, f->ctas_per_sm))) {
+            return r;
           }
-          return c;
         }
+        return c;
       }
     }
   }
