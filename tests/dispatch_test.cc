@@ -850,8 +850,10 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       // K that no family's warps divide (Llama-2-7B's down projection, 172 groups) takes a
       // family's balanced uneven shares (session 6, one run of 240 and 400 candidates):
       {1, 4096, 11008, "z12.nw16.ug1.nb1.pipe2.s1"},   // 17.93 us, best 17.60 (was 23.27)
-      {16, 4096, 11008, "z12.nw8.ug2.nb2.pipe4.s1"},   // 19.05 us, best 19.00 (was 27.89)
+      {16, 4096, 11008, "z12.nw8.ug4.nb2.pipe4.s1"},   // 19.33 us, best 19.00 (was 27.89)
       {16, 3584, 18944, "z12.nw8.ug4.nb2.pipe4.s1"},   // 28.93 us, best 28.06 (UG 1: 30.30)
+      {1, 1024, 11008, "z12.nw16.ug1.nb1.pipe2.s4"},   // 7.93 us, best 7.56 (was 9.15)
+      {16, 1024, 11008, "z12.nw8.ug1.nb2.pipe4.s4"},   // 9.18 us, best 9.11 (was 10.45)
   };
   for (const Case& c : kCases) {
     const KernelConfig want = KernelConfig::Parse(c.config).value();
@@ -1001,10 +1003,10 @@ TEST(SweepSpaceTest, ExactlyTheValidGridInAStableOrder) {
               const bool rb2 = f == WeightFormat::kZ12 && nb >= 2 && ug <= 2;
               for (int rb = 1; rb <= (rb2 ? 2 : 1); ++rb) {
                 const KernelConfig c{f, nw, ug, nb, pipe, s, rb};
-                // Uneven 12-bit shares of K only with the busiest warp within 10 % of the mean.
+                // Uneven 12-bit shares of K only with the busiest warp within 1/8 of the mean.
                 const int64_t trips = shape.k / 64 / (s * ug);  // per K slice
                 const bool even = shape.k / 64 % (int64_t{s} * nw * ug) == 0;
-                const bool balanced = (trips + nw - 1) / nw * nw * 10 <= trips * 11;
+                const bool balanced = (trips + nw - 1) / nw * nw * 8 <= trips * 9;
                 if (Validate(c, launch).ok() && (even || balanced)) expected.push_back(c);
               }
             }
