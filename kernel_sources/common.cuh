@@ -3,6 +3,7 @@
 #pragma once
 
 #include "gemv_params.cuh"
+#include "k_range.cuh"
 
 namespace gemvz_dev {
 
@@ -101,31 +102,6 @@ __device__ __forceinline__ void add4(float4& r, const float4 v) {
   r.y += v.y;
   r.z += v.z;
   r.w += v.w;
-}
-
-// Which of K's KG 64-wide groups a warp of the 12-bit kernel streams. K slice s of S takes
-// groups [s*KG/S, (s+1)*KG/S) (Validate: S*UG divides KG), and its NW warps share the slice's
-// trips of UG groups as evenly as whole trips go: counts differ by at most one trip. When NW
-// also divides the trips, every warp takes KG/(S*NW) groups from s*KG/S + warp*KG/(S*NW).
-struct KRange {
-  int lo, hi;  // the slice's groups [lo, hi)
-  int g0, n;   // this warp's groups [g0, g0 + n), n a multiple of UG
-};
-
-template <int NW, int UG>
-__device__ __forceinline__ KRange k_range(int KG, int S, int sidx, int warp) {
-  // The even case is computed as it was before uneven shares existed, the uneven one only when
-  // NW does not divide the slice's trips (ts * NW < 2^31: K < 2^31). Timed on the H200 against
-  // the even-only code, the tuned table's 21 kernels stayed within 1.2 % (geometric mean 0.999).
-  const int KGS = KG / S;
-  int KGW = KGS / NW, g0 = sidx * KGS + warp * KGW;
-  if (KGW * NW != KGS || KGW % UG != 0) {
-    const int ts = KGS / UG;
-    const int wlo = ts * warp / NW, whi = ts * (warp + 1) / NW;
-    g0 = sidx * KGS + wlo * UG;
-    KGW = (whi - wlo) * UG;
-  }
-  return KRange{sidx * KGS, sidx * KGS + KGS, g0, KGW};
 }
 
 // Lane (g, t)'s x rows for token blocks 0..NB-1, at the warp's first group g0 and k = 8t: token

@@ -1,9 +1,10 @@
 // The compressed GEMV (seed chapter 8): one CTA = RB 16-row blocks x one K slice (blockIdx.y of
 // S). NW streaming warps decode 12-bit weights in registers and feed mma.sync m16n8k16, each
-// taking its share of the slice's trips of UG groups (as even as whole trips go: k_range); warp NW
-// applies the exact sparse corrections at the same time. With RB 2 every streaming warp streams
-// its K range of both row blocks at once and feeds both from one load of x's fragments: the
-// same bytes in flight as UG 2 with fewer registers (x's fragments are the larger share at NB 2).
+// taking its share of the slice's trips of UG groups (as even as whole trips go: k_range.cuh);
+// warp NW applies the exact sparse corrections at the same time. With RB 2 every streaming warp
+// streams its K range of both row blocks at once and feeds both from one load of x's fragments:
+// the same bytes in flight as UG 2 with fewer registers (x's fragments are the larger share at
+// NB 2).
 // Dense rows (most weights outside the window, e.g. all-zero padded vocabulary rows) get one
 // extra CTA each, before the row blocks: it computes the row from its original BF16 values with
 // all its threads, in parallel with the rest, and the row block's CTA leaves that row's output to

@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gemvz/runtime.h"
 #include "gtest/gtest.h"
+#include "kernel_sources/k_range.cuh"
 
 // gmock is not linked: a substring check that prints both sides.
 #define EXPECT_CONTAINS(haystack, needle)                                       \
@@ -305,6 +307,63 @@ TEST(ValidateTest, TheBaselinePasses) {
   EXPECT_EQ(DefaultDeviceLimits().sm_count, 132);
 }
 
+// The kernel's own dealing of K (kernel_sources/k_range.cuh, compiled here by g++) for every
+// shape Validate accepts up to 300 groups: each K slice covered once, in order, by its warps, each
+// warp a whole number (at least one) of trips, counts one trip apart at most, the exception warp
+// given its slice, and equal shares exactly where 64*S*NW*UG divides K (the old rule's ranges).
+template <int NW, int UG>
+void CheckDealing() {
+  for (int kg = 1; kg <= 300; ++kg) {
+    for (int s = 1; s <= 8; ++s) {
+      const KernelConfig c{WeightFormat::kZ12, NW, UG, 1, 3, s};
+      if (!Validate(c, GemvShape{1, 16, int64_t{64} * kg}).ok()) continue;
+      SCOPED_TRACE(absl::StrCat(c.ToString(), " KG=", kg));
+      const bool even = kg % (s * NW * UG) == 0;
+      for (int sidx = 0; sidx < s; ++sidx) {
+        int next = sidx * kg / s, fewest = kg, most = 0;
+        for (int w = 0; w < NW; ++w) {
+          const gemvz_dev::KRange r = gemvz_dev::k_range<NW, UG>(kg, s, sidx, w);
+          ASSERT_EQ(r.lo, sidx * kg / s);
+          ASSERT_EQ(r.hi, (sidx + 1) * kg / s);
+          ASSERT_EQ(r.g0, next) << "warp " << w;
+          ASSERT_GE(r.n, UG) << "warp " << w;
+          ASSERT_EQ(r.n % UG, 0) << "warp " << w;
+          if (even) ASSERT_EQ(r.g0, sidx * (kg / s) + w * (kg / s / NW)) << "warp " << w;
+          next += r.n;
+          fewest = std::min(fewest, r.n);
+          most = std::max(most, r.n);
+        }
+        ASSERT_EQ(next, (sidx + 1) * kg / s);
+        EXPECT_LE(most - fewest, UG);
+        EXPECT_EQ(most == fewest, even || (kg / s / UG) % NW == 0);
+        const gemvz_dev::KRange x = gemvz_dev::k_range<NW, UG>(kg, s, sidx, NW);
+        EXPECT_EQ(x.lo, sidx * kg / s);
+        EXPECT_EQ(x.hi, (sidx + 1) * kg / s);
+      }
+    }
+  }
+}
+
+template <int UG>
+void CheckDealingForWarps() {
+  CheckDealing<1, UG>();
+  CheckDealing<2, UG>();
+  CheckDealing<3, UG>();
+  CheckDealing<4, UG>();
+  CheckDealing<6, UG>();
+  CheckDealing<8, UG>();
+  CheckDealing<12, UG>();
+  CheckDealing<16, UG>();
+  CheckDealing<32, UG>();
+}
+
+TEST(KRangeTest, DealsEveryGroupOnceInWholeTrips) {
+  CheckDealingForWarps<1>();
+  CheckDealingForWarps<2>();
+  CheckDealingForWarps<4>();
+  CheckDealingForWarps<8>();
+}
+
 TEST(ValidateTest, Z12KComesInWholeTripsAtLeastOnePerWarp) {
   // The 12-bit warps need not get equal shares: 9216 = 36 trips of UG 2 per slice of S = 2 over
   // NW = 8 (4 or 5 each), 8192 over NW = 6, 11008 (Llama-2-7B's 172 groups) over 16 warps.
@@ -398,9 +457,10 @@ TEST(ValidateTest, ThreadsPerBlock) {
 // Over 48 KiB of static shared memory no kernel compiles: the configuration alone is refused (by
 // ValidateConfig, so by Parse and warm-up too, before NVRTC), whatever the shape.
 void ExpectOver48KiB(const KernelConfig& c, const std::string& hint) {
-  const std::string rule = absl::StrCat("configuration ", c.ToString(), " is invalid: static ",
-                                        "shared memory ", c.shared_bytes(), " bytes exceeds 49152, ",
-                                        "the most any kernel may declare ", hint);
+  const std::string rule =
+      absl::StrCat("configuration ", c.ToString(), " is invalid: static shared memory ",
+                   c.shared_bytes(), " bytes exceeds 49152, the most any kernel may declare ",
+                   hint);
   ASSERT_GT(c.shared_bytes(), 48 * 1024);
   EXPECT_EQ(Msg(ValidateConfig(c)), rule);
   EXPECT_EQ(Msg(Validate(c, GemvShape{8, 4096, 64 * c.nw})), rule);
