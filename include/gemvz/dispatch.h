@@ -22,9 +22,10 @@ struct TunedChoice {
 };
 
 // The tuning file: GEMVZ_TUNING_FILE, else <CacheDirectory()>/tuning.json. JSON
-// {"version": V, "entries": [{arch, format, m, n, k, config, time_us}, ...]}, written with V = 1
-// while no entry's config uses RB 2 (older gemvz read it) and V = 2 otherwise; both are read, and
-// a newer version is neither read nor overwritten.
+// {"version": V, "entries": [{arch, format, m, n, k, config, time_us}, ...]}, written with the
+// oldest V that holds every entry, so that older gemvz read it while they can: 1, 2 once a config
+// uses RB 2, 3 once a 12-bit entry's warps take uneven shares of K. All three are read; a newer
+// version is neither read nor overwritten.
 std::string TuningFilePath();
 // Merges `choices` into the tuning file (replacing entries of the same key), atomically.
 absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices);

@@ -33,11 +33,20 @@ using Json = nlohmann::ordered_json;
 
 // Version 1: {"version": 1, "entries": [{arch, format, m, n, k, config, time_us}, ...]}.
 // Version 2: the same; a config may carry the ".rb2" field (KernelConfig::rb), which a gemvz that
-// reads only version 1 cannot parse. A file is written as version 1 while no entry needs RB, so
-// that older gemvz keep reading it, and as version 2 otherwise, which they refuse without
-// overwriting it. This gemvz reads both.
-constexpr int kTuningFileVersion = 2;
+// reads only version 1 cannot parse.
+// Version 3: the same; a 12-bit entry's warps may take uneven shares of K (64*S*NW*UG need not
+// divide K), which a gemvz that reads only versions 1 and 2 rejects as invalid.
+// A file is written as the oldest version that holds all its entries, so that older gemvz keep
+// reading it while they can, and refuse it without overwriting it once they cannot. This gemvz
+// reads all three.
+constexpr int kTuningFileVersion = 3;
 constexpr int kOldestTuningFileVersion = 1;
+
+// The oldest version that holds `c`.
+int VersionFor(const TunedChoice& c) {
+  if (c.format == WeightFormat::kZ12 && !internal::EvenShares(c.k / 64, c.config)) return 3;
+  return c.config.rb != 1 ? 2 : 1;
+}
 
 using ChoiceKey = std::tuple<std::string, int, int64_t, int64_t, int64_t>;
 ChoiceKey KeyOf(const TunedChoice& c) {
@@ -164,7 +173,7 @@ std::string SerializeTuningJson(const std::vector<TunedChoice>& choices) {
   Json entries = Json::array();
   int version = kOldestTuningFileVersion;
   for (const TunedChoice& c : choices) {
-    if (c.config.rb != 1) version = kTuningFileVersion;
+    version = std::max(version, VersionFor(c));
     entries.push_back(Json{{"arch", c.arch},
                            {"format", std::string(FormatName(c.format))},
                            {"m", c.m},
