@@ -28,7 +28,8 @@ constexpr int64_t kM = 16;
 
 // x_src [m, 1024] -> P (plain BF16, 4096 x 1024) -> x [m, 4096] -> A (12-bit, 8192 x 4096, one
 // all-zero row: its own CTA reads x too) -> y1 -> B (plain BF16, 2048 x 8192) -> y2 -> C (12-bit,
-// 1024 x 2048, split-K 4: workspace and semaphores) -> y3.
+// 1024 x 2048, split-K 4: workspace and semaphores; 3 warps share each slice's 4 trips unevenly,
+// so their PDL prefetches start at uneven offsets) -> y3.
 struct Chain {
   std::vector<uint16_t> wa, x_src[2];
   DeviceMatrix p, a, b, c;
@@ -68,9 +69,9 @@ struct Chain {
   absl::Status Enqueue(CUstream stream, Pdl pdl, int first, int passes) {
     GemvOptions o, oa, oc;
     o.pdl = oa.pdl = oc.pdl = pdl;
-    // A: two row blocks per CTA (RB 2, whose PDL prefetch covers both); C: split-K.
+    // A: two row blocks per CTA (RB 2, whose PDL prefetch covers both); C: split-K, uneven shares.
     oa.config = KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1, 2};
-    oc.config = KernelConfig{WeightFormat::kZ12, 4, 2, 2, 3, 4};
+    oc.config = KernelConfig{WeightFormat::kZ12, 3, 2, 2, 3, 4};
     for (int i = first; i < first + passes; ++i) {
       const DeviceBuffer& src = i % 2 == 0 ? src0 : src1;
       absl::Status st = Gemv(p, src.as<uint16_t>(), kM, x.as<uint16_t>(), stream, o);

@@ -176,8 +176,8 @@ absl::Status Validate(const KernelConfig& c, const GemvShape& s, const DeviceLim
                                " (the plain kernel's warps take equal shares)"));
     }
   } else {
-    // The 12-bit kernel's take K in whole trips of UG groups, each K slice the same number, and
-    // share a slice's trips as evenly as whole trips go (counts differ by at most one).
+    // The 12-bit kernel's warps take K in whole trips of UG groups, each K slice the same
+    // number, and share a slice's trips as evenly as whole trips go (counts one trip apart).
     const int64_t slice = int64_t{64} * c.splits * c.ug;
     if (s.k % slice != 0) {
       return fail(absl::StrCat("K must be divisible by 64*S*UG = ", slice,

@@ -22,7 +22,8 @@ inline constexpr int64_t kMaxTokensPerLaunch = 8 * kMaxTokenBlocks;
 int TokenBlocksFor(int64_t m);
 
 // The 12-bit kernel's warps share a K slice's trips of UG groups as evenly as whole trips go
-// (kernel_sources/common.cuh, k_range). EvenShares: every warp the same trips for K = 64 * groups;
+// (kernel_sources/k_range.cuh). For a configuration that Validate accepts for K = 64 * groups:
+// EvenShares: every warp the same trips;
 // Balanced: the busiest warp's trips within kMaxWarpImbalance of the mean (its CTA waits for it),
 // which the heuristic and the sweep ask of uneven shares. An eighth, not a tenth: on the H200
 // 1024x11008 (43 trips per K slice at S = 4) ran 12-13 % faster with NW 8 at S = 4 (1.116) than

@@ -91,9 +91,10 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
   // NB = 2: with 4 token blocks 16 warps spill whatever the PIPE).
   const bool starved = row_blocks * kSplits.back() < sm_count && nb <= 2;
 
-  // Lexicographic, smaller is better: long enough loops, then the GPU filled (up to the target),
-  // then as little split-K as that takes, then the usual warp counts and groups per trip.
-  using Score = std::tuple<int, int64_t, int, int, int>;
+  // Lexicographic, smaller is better: the 12-bit warps' shares of K equal or balanced, long
+  // enough loops, then the GPU filled (up to the target), then as little split-K as that takes,
+  // equal shares before uneven ones, then the usual warp counts and groups per trip.
+  using Score = std::tuple<int, int, int64_t, int, int, int, int>;
   std::optional<Score> best_score;
   std::optional<KernelConfig> best;
   for (int nw = nb; nw <= 32; ++nw) {
@@ -102,8 +103,14 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
         const KernelConfig c{format, nw, ug, nb, PipeFor(format, nw, ug, nb), s};
         if (!Validate(c, launch, limits).ok()) continue;
         const int64_t trips = MinTripsPerWarp(groups, c);
-        const Score score{trips < kMinTripsPerWarp ? 1 : 0, -std::min(row_blocks * s, target_ctas),
-                          s, WarpRank(nw, starved), UgRank(ug)};
+        const bool even = EvenShares(groups, c);
+        const Score score{even || Balanced(groups, c) ? 0 : 1,
+                          trips < kMinTripsPerWarp ? 1 : 0,
+                          -std::min(row_blocks * s, target_ctas),
+                          s,
+                          even ? 0 : 1,
+                          WarpRank(nw, starved),
+                          UgRank(ug)};
         if (!best_score || score < *best_score) {
           best_score = score;
           best = c;
@@ -310,7 +317,8 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
   }
   for (int s : splits) {
     const int64_t need = (row_blocks * s + sm_count - 1) / sm_count;  // CTAs per SM, one wave
-    // Families in order of preference: the first whose warps and groups divide K is taken.
+    // Families in order of preference: the first valid UG with two trips per warp or more and
+    // equal or balanced shares is taken.
     std::vector<const Family*> by_fill = mid;
     std::stable_sort(by_fill.begin(), by_fill.end(), [&](const Family* a, const Family* b) {
       const double fill_a = WaveFill(need, a->ctas_per_sm);
@@ -392,10 +400,11 @@ KernelConfig Heuristic(const GemvShape& shape, WeightFormat format, int sm_count
   sm_count = std::max(sm_count, 1);
   const GemvShape s{std::max<int64_t>(shape.m, 1), shape.n, shape.k};
   const int nb_wanted = internal::TokenBlocksFor(s.m);
-  // Fewer token blocks than m needs only when K admits no NW >= NB (K = 64 * odd and m > 8, say):
-  // the caller then runs smaller chunks (GemvPlan::chunk_m).
+  // Fewer token blocks than m needs only when K admits no NW >= NB (the plain kernel's K = 64 *
+  // odd with m > 8, say; the 12-bit kernel's only K/64 < NB): the caller then runs smaller chunks
+  // (GemvPlan::chunk_m).
   for (int nb = nb_wanted; nb >= 1; --nb) {
-    // K that no family takes falls back to the old rule.
+    // K that no family takes (and NB 3 and 4) gets the lexicographic rule of BestWithTokenBlocks.
     if (std::optional<KernelConfig> c = Shaped(s, format, nb, sm_count, allow_rb2)) return *c;
     if (std::optional<KernelConfig> c = BestWithTokenBlocks(s, format, nb, sm_count)) return *c;
   }
