@@ -141,21 +141,32 @@ struct Family {
   std::array<int, 3> ugs;  // in order of preference; 0 ends the list
 };
 
+// Split K only from this K on (see Shaped).
+constexpr int64_t kMinSplitK = 8192;
+
 struct Families {
   Family wide;                // grids of at most wide.ctas_per_sm CTAs per SM: the most warps
   std::array<Family, 5> mid;  // up to kMaxShapedCtasPerSm CTAs per SM: the least-waste one
   Family many;                // more CTAs per SM: many waves, the best streamer
+  Family single = {};         // if set: grids of one CTA per SM or less (row-starved shapes)
+  int64_t min_split_k = kMinSplitK;
 };
 
 constexpr int kMaxShapedCtasPerSm = 8;
 
 // 12-bit, NB 1.
 constexpr Families kZ12Nb1 = {
-    {2, 16, 2, {1, 0, 0}},  // 4096x{4096,8192,14336}, 3072x3072, 2048x2048 (UG 2 spills)
+    {2, 16, 2, {1, 0, 0}},  // 4096x{4096,8192,14336}, 3072x3072 (UG 2 spills)
     {{{3, 8, 3, {2, 1, 0}},  // 66-68 registers: 3 CTAs of 288 threads (UG 4: 98, 1 CTA)
       {4, 8, 6, {2, 1, 4}},  // 8192x8192, 8192x28672
       {}, {}, {}}},
     {3, 8, 3, {2, 1, 0}},  // 28672x4096, 57344x8192, 128256x4096
+    // One CTA of 16 uncapped warps (66-94 registers) per SM, and no split below K = 12288
+    // (session 6, H200, m = 1): 1024x4096 4.11 us against 4.68 for the wide family, 1024x8192
+    // 6.11 against 6.89 split 4 ways, 1024x11008 7.56 against 7.93, 2048x8192 8.65 against
+    // 9.22, 2048x4096 5.50 against 5.75; 1024x14336 stays split (8.87 against 9.22 unsplit).
+    {1, 16, 3, {4, 2, 1}},
+    12288,
 };
 // 12-bit, NB 2: fewer, heavier warps (about 90 registers uncapped).
 constexpr Families kZ12Nb2 = {
@@ -212,7 +223,7 @@ const Families& FamiliesFor(WeightFormat format, int nb) {
 // A kernel that two families share must be counted with the same CTAs per SM.
 constexpr bool FamiliesCountAlike(const Families& fam) {
   const Family* all[] = {&fam.wide,   &fam.mid[0], &fam.mid[1], &fam.mid[2],
-                         &fam.mid[3], &fam.mid[4], &fam.many};
+                         &fam.mid[3], &fam.mid[4], &fam.many,   &fam.single};
   for (const Family* a : all) {
     for (const Family* b : all) {
       if (a->nw != b->nw || a->pipe != b->pipe || a->ctas_per_sm == b->ctas_per_sm) continue;
@@ -228,6 +239,7 @@ constexpr bool FamiliesCountAlike(const Families& fam) {
 // The wide family holds the fewest CTAs per SM and mid lists the others in ascending order (the
 // order the rule tries them in when the grid fits the wide family), empty slots last.
 constexpr bool FamiliesAscend(const Families& fam) {
+  if (fam.single.ctas_per_sm != 0 && fam.single.ctas_per_sm >= fam.wide.ctas_per_sm) return false;
   int last = fam.wide.ctas_per_sm;
   bool empty_seen = false;
   for (const Family& f : fam.mid) {
@@ -248,14 +260,13 @@ static_assert(FamiliesCountAlike(kZ12Nb1) && FamiliesCountAlike(kZ12Nb2) &&
               "a kernel listed in two families with different CTAs per SM");
 
 // Split K only when the row blocks leave more than a tenth of the SMs idle and K is at least
-// kMinSplitK, then as far as a grid of two CTAs per SM while each split keeps 2048 columns: on
+// kMinSplitK (the family set's min_split_k), then as far as a grid of two CTAs per SM while each split keeps 2048 columns: on
 // the H200, 1024xK took S = 4 for K = 8192..28672 (S = 2: 3-13 % slower), 512x8192 S = 4 (S = 8:
 // 12 % slower), 256x32768 S = 8; 2048x4096 and 2048x8192 (128 row blocks) ran fastest unsplit,
 // and so did 1024x4096 (4.59 us; S = 2: 5.35), whose whole GEMV is shorter than a split's cost.
 // (12-bit sweeps; the plain kernel's agree but for 1024x8192, where S = 4 is 1.13x the unsplit
 // best.)
 constexpr int64_t kMinSplitColumns = 2048;
-constexpr int64_t kMinSplitK = 8192;
 constexpr int kMaxSplitCtasPerSm = 2;
 
 // The share of the last wave's slots that the grid fills, over all its waves.
@@ -301,7 +312,7 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
   // splits that keep kMinSplitColumns, largest first, from the largest that stays within
   // kMaxSplitCtasPerSm, and S = 1 last.
   std::vector<int> splits;
-  if (row_blocks * 10 < int64_t{sm_count} * 9 && shape.k >= kMinSplitK) {
+  if (row_blocks * 10 < int64_t{sm_count} * 9 && shape.k >= fam.min_split_k) {
     for (auto it = kSplits.rbegin(); it != kSplits.rend(); ++it) {
       const int s = *it;
       if (s > 1 && groups % s == 0 && shape.k / s >= kMinSplitColumns &&
@@ -327,6 +338,7 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       return a->ctas_per_sm > b->ctas_per_sm;  // equal waste: fewer waves
     });
     std::vector<const Family*> order;
+    if (fam.single.ctas_per_sm > 0 && need <= fam.single.ctas_per_sm) order.push_back(&fam.single);
     if (need <= fam.wide.ctas_per_sm) {
       order.push_back(&fam.wide);
       order.insert(order.end(), mid.begin(), mid.end());
@@ -377,6 +389,7 @@ std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
       for (const Family& f : fam.mid) {
         if (f.ctas_per_sm > 0) all.push_back(&f);
       }
+      if (fam.single.ctas_per_sm > 0) all.push_back(&fam.single);
       for (const Family* f : all) {
         for (int ug : f->ugs) {
           if (ug == 0) break;
