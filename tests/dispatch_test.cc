@@ -770,7 +770,8 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
     }
     EXPECT_EQ(c.splits, split);
     // The family: for the 12-bit NB 1 kernel one uncapped CTA of 16 warps per SM while the grid
-    // fits one wave of those; the most warps per CTA while it fits the wide family's CTAs per SM;
+    // fits one wave of those (K >= 4096, true here); the most warps per CTA while it fits the
+    // wide family's CTAs per SM;
     // the least waste of the last wave up to 8 CTAs per SM; the multi-wave family beyond.
     struct Expected {
       int wide_ctas, wide_nw, wide_pipe;
@@ -868,7 +869,7 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {16, 28672, 8192, "z12.nw4.ug1.nb2.pipe3.rb2.s1"},  // the best, 85.33 us (87.75)
       {16, 18432, 16384, "z12.nw4.ug2.nb2.pipe5.rb2.s1"},  // held out: the best, 115.68 (122.36)
       {8, 12288, 4096, "z12.nw8.ug2.nb1.pipe3.s1"},    // 19.92 us, best 19.79
-      {1, 2048, 2048, "z12.nw16.ug1.nb1.pipe3.s1"},    // session 6's one-CTA family (below)
+      {1, 2048, 2048, "z12.nw16.ug1.nb1.pipe2.s1"},    // the best, 3.86 us (one CTA per SM: 4.11)
       {1, 128256, 4096, "z12.nw8.ug2.nb1.pipe3.s1"},   // the best, 174.32 us
       // One uncapped CTA of 16 warps per SM (session 6, against PIPE 2 and splits):
       {1, 512, 8192, "z12.nw16.ug4.nb1.pipe3.s1"},     // the best, 5.27 us (PIPE 2, S = 4: 5.33)

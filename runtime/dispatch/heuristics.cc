@@ -149,6 +149,7 @@ struct Families {
   std::array<Family, 5> mid;  // up to kMaxShapedCtasPerSm CTAs per SM: the least-waste one
   Family many;                // more CTAs per SM: many waves, the best streamer
   Family single = {};         // if set: grids of one CTA per SM or less (row-starved shapes)
+  int64_t single_min_k = 0;   // ... with K at least this
   int64_t min_split_k = kMinSplitK;
 };
 
@@ -161,11 +162,13 @@ constexpr Families kZ12Nb1 = {
       {4, 8, 6, {2, 1, 4}},  // 8192x8192, 8192x28672
       {}, {}, {}}},
     {3, 8, 3, {2, 1, 0}},  // 28672x4096, 57344x8192, 128256x4096
-    // One CTA of 16 uncapped warps (66-94 registers) per SM, and no split below K = 12288
-    // (session 6, H200, m = 1): 1024x4096 4.11 us against 4.68 for the wide family, 1024x8192
-    // 6.11 against 6.89 split 4 ways, 1024x11008 7.56 against 7.93, 2048x8192 8.65 against
-    // 9.22, 2048x4096 5.50 against 5.75; 1024x14336 stays split (8.87 against 9.22 unsplit).
+    // One CTA of 16 uncapped warps (66-94 registers) per SM for K >= 4096, and no split below
+    // K = 12288 (session 6, H200, m = 1): 1024x4096 4.11 us against 4.68 for the wide family,
+    // 1024x8192 6.11 against 6.89 split 4 ways, 1024x11008 7.56 against 7.93, 2048x8192 8.65
+    // against 9.22, 2048x4096 5.41 against 5.72; 1024x14336 stays split (8.87 against 9.22
+    // unsplit). With two trips a warp, 2048x2048 ran 4.11 against the wide family's 3.86.
     {1, 16, 3, {4, 2, 1}},
+    4096,
     12288,
 };
 // 12-bit, NB 2: fewer, heavier warps (about 90 registers uncapped).
@@ -338,7 +341,10 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       return a->ctas_per_sm > b->ctas_per_sm;  // equal waste: fewer waves
     });
     std::vector<const Family*> order;
-    if (fam.single.ctas_per_sm > 0 && need <= fam.single.ctas_per_sm) order.push_back(&fam.single);
+    if (fam.single.ctas_per_sm > 0 && need <= fam.single.ctas_per_sm &&
+        shape.k >= fam.single_min_k) {
+      order.push_back(&fam.single);
+    }
     if (need <= fam.wide.ctas_per_sm) {
       order.push_back(&fam.wide);
       order.insert(order.end(), mid.begin(), mid.end());
