@@ -141,15 +141,17 @@ struct Family {
   std::array<int, 3> ugs;  // in order of preference; 0 ends the list
 };
 
-// Split K only from this K on (see Shaped).
+// Split K only from this K on (the default of Families::min_split_k; see Shaped).
 constexpr int64_t kMinSplitK = 8192;
 
 struct Families {
   Family wide;                // grids of at most wide.ctas_per_sm CTAs per SM: the most warps
   std::array<Family, 5> mid;  // up to kMaxShapedCtasPerSm CTAs per SM: the least-waste one
   Family many;                // more CTAs per SM: many waves, the best streamer
-  Family single = {};         // if set: grids of one CTA per SM or less (row-starved shapes)
-  int64_t single_min_k = 0;   // ... with K at least this
+  Family single = {};         // if set: grids of at most one CTA per SM (up to 2048 rows)...
+  int64_t single_min_k = 0;   // ... whose CTAs each take at least this much of K (K / S)
+  // Split K only from this K on, when the row blocks fill at least a quarter of the SMs (fewer
+  // than that keep kMinSplitK).
   int64_t min_split_k = kMinSplitK;
 };
 
@@ -157,16 +159,17 @@ constexpr int kMaxShapedCtasPerSm = 8;
 
 // 12-bit, NB 1.
 constexpr Families kZ12Nb1 = {
-    {2, 16, 2, {1, 0, 0}},  // 4096x{4096,8192,14336}, 3072x3072 (UG 2 spills)
+    {2, 16, 2, {1, 0, 0}},  // 4096x{4096,8192,14336}, 3072x3072, 2048x2048 (UG 2 spills)
     {{{3, 8, 3, {2, 1, 0}},  // 66-68 registers: 3 CTAs of 288 threads (UG 4: 98, 1 CTA)
       {4, 8, 6, {2, 1, 4}},  // 8192x8192, 8192x28672
       {}, {}, {}}},
     {3, 8, 3, {2, 1, 0}},  // 28672x4096, 57344x8192, 128256x4096
-    // One CTA of 16 uncapped warps (66-94 registers) per SM for K >= 4096, and no split below
-    // K = 12288 (session 6, H200, m = 1): 1024x4096 4.11 us against 4.68 for the wide family,
-    // 1024x8192 6.11 against 6.89 split 4 ways, 1024x11008 7.56 against 7.93, 2048x8192 8.65
-    // against 9.22, 2048x4096 5.41 against 5.72; 1024x14336 stays split (8.87 against 9.22
-    // unsplit). With two trips a warp, 2048x2048 ran 4.11 against the wide family's 3.86.
+    // One CTA of 16 uncapped warps (66-94 registers) per SM for K / S >= 4096, and no split
+    // below K = 12288 (session 6, H200, m = 1): 1024x4096 4.25 us (UG 2) against 4.68 for the
+    // wide family, 1024x8192 6.11 against 6.89 split 4 ways, 1024x11008 7.56 against 7.93,
+    // 2048x8192 8.65 against 9.22, 2048x4096 5.43 against 5.72; 1024x14336 stays split (8.87
+    // against 9.22 unsplit). With two trips a warp, 2048x2048 ran 4.11 against the wide
+    // family's 3.86.
     {1, 16, 3, {4, 2, 1}},
     4096,
     12288,
@@ -239,8 +242,9 @@ constexpr bool FamiliesCountAlike(const Families& fam) {
   }
   return true;
 }
-// The wide family holds the fewest CTAs per SM and mid lists the others in ascending order (the
-// order the rule tries them in when the grid fits the wide family), empty slots last.
+// Apart from the optional single family (fewer still), the wide family holds the fewest CTAs per
+// SM and mid lists the others in ascending order (the order the rule tries them in when the grid
+// fits the wide family), empty slots last.
 constexpr bool FamiliesAscend(const Families& fam) {
   if (fam.single.ctas_per_sm != 0 && fam.single.ctas_per_sm >= fam.wide.ctas_per_sm) return false;
   int last = fam.wide.ctas_per_sm;
@@ -263,12 +267,13 @@ static_assert(FamiliesCountAlike(kZ12Nb1) && FamiliesCountAlike(kZ12Nb2) &&
               "a kernel listed in two families with different CTAs per SM");
 
 // Split K only when the row blocks leave more than a tenth of the SMs idle and K is at least
-// kMinSplitK (the family set's min_split_k), then as far as a grid of two CTAs per SM while each split keeps 2048 columns: on
-// the H200, 1024xK took S = 4 for K = 8192..28672 (S = 2: 3-13 % slower), 512x8192 S = 4 (S = 8:
-// 12 % slower), 256x32768 S = 8; 2048x4096 and 2048x8192 (128 row blocks) ran fastest unsplit,
-// and so did 1024x4096 (4.59 us; S = 2: 5.35), whose whole GEMV is shorter than a split's cost.
-// (12-bit sweeps; the plain kernel's agree but for 1024x8192, where S = 4 is 1.13x the unsplit
-// best.)
+// the family set's min_split_k, then as far as a grid of two CTAs per SM while each split keeps
+// 2048 columns: on the H200 (session 4, the family kernels of then), 1024xK took S = 4 for
+// K = 8192..28672 (S = 2: 3-13 % slower), 512x8192 S = 4 (S = 8: 12 % slower), 256x32768 S = 8;
+// 2048x4096 and 2048x8192 (128 row blocks) ran fastest unsplit, and so did 1024x4096 (4.59 us;
+// S = 2: 5.35), whose whole GEMV is shorter than a split's cost. (12-bit sweeps; the plain
+// kernel's agree but for 1024x8192, where S = 4 is 1.13x the unsplit best.) Session 6's one-CTA
+// family for the 12-bit NB 1 kernel runs 1024x8192 and 1024x11008 faster unsplit (kZ12Nb1).
 constexpr int64_t kMinSplitColumns = 2048;
 constexpr int kMaxSplitCtasPerSm = 2;
 
@@ -315,7 +320,10 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
   // splits that keep kMinSplitColumns, largest first, from the largest that stays within
   // kMaxSplitCtasPerSm, and S = 1 last.
   std::vector<int> splits;
-  if (row_blocks * 10 < int64_t{sm_count} * 9 && shape.k >= fam.min_split_k) {
+  // (min_split_k was measured down to 1024 rows; fewer row blocks than a quarter of the SMs keep
+  // the default.)
+  const int64_t min_split_k = row_blocks * 4 >= sm_count ? fam.min_split_k : kMinSplitK;
+  if (row_blocks * 10 < int64_t{sm_count} * 9 && shape.k >= min_split_k) {
     for (auto it = kSplits.rbegin(); it != kSplits.rend(); ++it) {
       const int s = *it;
       if (s > 1 && groups % s == 0 && shape.k / s >= kMinSplitColumns &&
@@ -341,10 +349,6 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       return a->ctas_per_sm > b->ctas_per_sm;  // equal waste: fewer waves
     });
     std::vector<const Family*> order;
-    if (fam.single.ctas_per_sm > 0 && need <= fam.single.ctas_per_sm &&
-        shape.k >= fam.single_min_k) {
-      order.push_back(&fam.single);
-    }
     if (need <= fam.wide.ctas_per_sm) {
       order.push_back(&fam.wide);
       order.insert(order.end(), mid.begin(), mid.end());
@@ -357,6 +361,12 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       order.push_back(&fam.many);
       order.insert(order.end(), by_fill.begin(), by_fill.end());
       order.push_back(&fam.wide);
+    }
+    // Grids of one CTA per SM at most take the single family first, if each CTA's share of K is
+    // long enough.
+    if (fam.single.ctas_per_sm > 0 && need <= fam.single.ctas_per_sm &&
+        shape.k / s >= fam.single_min_k) {
+      order.insert(order.begin(), &fam.single);
     }
     // A family's UGs in its order of preference, equal shares or balanced ones alike: on the
     // H200 the preferred UG's uneven shares beat a later UG's equal ones (3584x18944 at m = 16:
