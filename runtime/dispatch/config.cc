@@ -23,6 +23,11 @@ bool ParseFieldValue(absl::string_view digits, int* value) {
   return absl::SimpleAtoi(digits, value);
 }
 
+// What to lower when a configuration's static shared memory is too large.
+const char* SharedMemoryHint(const KernelConfig& c) {
+  return c.rb > 1 ? " (lower NW, NB or RB)" : " (lower NW or NB)";
+}
+
 }  // namespace
 
 std::string_view FormatName(WeightFormat format) {
@@ -136,7 +141,7 @@ absl::Status ValidateConfig(const KernelConfig& c) {
   if (c.shared_bytes() > kMaxStaticSharedBytes) {
     return fail(absl::StrCat("static shared memory ", c.shared_bytes(), " bytes exceeds ",
                              kMaxStaticSharedBytes, ", the most any kernel may declare",
-                             c.rb > 1 ? " (lower NW, NB or RB)" : " (lower NW or NB)"));
+                             SharedMemoryHint(c)));
   }
   return absl::OkStatus();
 }
@@ -154,8 +159,7 @@ absl::Status Validate(const KernelConfig& c, const GemvShape& s, const DeviceLim
   }
   if (c.shared_bytes() > limits.max_shared_per_block) {
     return fail(absl::StrCat("static shared memory ", c.shared_bytes(), " bytes exceeds ",
-                             limits.max_shared_per_block,
-                             c.rb > 1 ? " (lower NW, NB or RB)" : " (lower NW or NB)"));
+                             limits.max_shared_per_block, SharedMemoryHint(c)));
   }
   if (s.m < 1 || s.m > c.tokens_per_launch()) {
     return fail(absl::StrCat("m must be in 1..8*NB = ", c.tokens_per_launch(), " per launch"));

@@ -42,13 +42,19 @@ constexpr int64_t kTargetWavesOfCtas = 2;
 constexpr std::array<int, 6> kSplits = {1, 2, 3, 4, 6, 8};
 
 // The loop trips of the warp with the fewest: the 12-bit kernel's warps share a K slice's trips of
-// UG groups as evenly as whole trips go (kernel_sources/common.cuh, k_range).
+// UG groups as evenly as whole trips go (kernel_sources/k_range.cuh).
 int64_t MinTripsPerWarp(int64_t groups, const KernelConfig& c) {
   return groups / c.ug / (int64_t{c.splits} * c.nw);
 }
 
 using internal::Balanced;
 using internal::EvenShares;
+
+// What the shaped rules take of a valid configuration: loops of kMinTripsPerWarp trips or more,
+// and shares of K that are balanced (equal shares are).
+bool LongAndBalanced(int64_t groups, const KernelConfig& c) {
+  return MinTripsPerWarp(groups, c) >= kMinTripsPerWarp && Balanced(groups, c);
+}
 constexpr std::array<int, 3> kUgPreference = {2, 1, 4};
 
 // Chapter 8's tuner settles on 8 warps for most shapes and 16 for the largest; other counts are
@@ -104,7 +110,7 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
         if (!Validate(c, launch, limits).ok()) continue;
         const int64_t trips = MinTripsPerWarp(groups, c);
         const bool even = EvenShares(groups, c);
-        const Score score{even || Balanced(groups, c) ? 0 : 1,
+        const Score score{Balanced(groups, c) ? 0 : 1,
                           trips < kMinTripsPerWarp ? 1 : 0,
                           -std::min(row_blocks * s, target_ctas),
                           s,
@@ -294,9 +300,7 @@ std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int sm_count, 
   double best_fill = 0;
   for (const Family& f : kZ12Nb2Rb2) {
     const KernelConfig c = Rb2Kernel(f);
-    if (!Validate(c, launch, DefaultDeviceLimits()).ok()) continue;
-    if (MinTripsPerWarp(groups, c) < kMinTripsPerWarp) continue;
-    if (!EvenShares(groups, c) && !Balanced(groups, c)) continue;
+    if (!Validate(c, launch, DefaultDeviceLimits()).ok() || !LongAndBalanced(groups, c)) continue;
     const double fill = WaveFill(need, f.ctas_per_sm);
     if (!best || fill > best_fill) {
       best = c;
@@ -376,9 +380,7 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       for (int ug : f->ugs) {
         if (ug == 0) break;
         const KernelConfig c{format, f->nw, ug, nb, f->pipe, s};
-        if (!Validate(c, launch, limits).ok()) continue;
-        if (MinTripsPerWarp(groups, c) < kMinTripsPerWarp) continue;
-        if (!EvenShares(groups, c) && !Balanced(groups, c)) continue;
+        if (!Validate(c, launch, limits).ok() || !LongAndBalanced(groups, c)) continue;
         if (allow_rb2 && format == WeightFormat::kZ12 && nb == 2 && s == 1) {
           if (std::optional<KernelConfig> r =
                   TwoRowBlocks(launch, sm_count, WaveFill(need, f->ctas_per_sm))) {

@@ -25,6 +25,7 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
   // m above one launch's 32 rows is timed as the 32-row chunks it will run in.
   const GemvShape launch{std::clamp<int64_t>(shape.m, 1, 8 * nb_min), shape.n, shape.k};
   const DeviceLimits limits = DefaultDeviceLimits();
+  const int64_t groups = shape.k / 64;
   std::vector<KernelConfig> out;
   absl::flat_hash_set<KernelConfig> seen;
   for (int nb = nb_min; nb <= std::min(nb_min + 1, internal::kMaxTokenBlocks); ++nb) {
@@ -39,10 +40,8 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
             const int max_rb = format == WeightFormat::kZ12 && nb >= 2 && ug <= 2 ? 2 : 1;
             for (int rb = 1; rb <= max_rb; ++rb) {
               const KernelConfig c{format, nw, ug, nb, pipe, s, rb};
-              if (!Validate(c, launch, limits).ok()) continue;
               // Uneven shares of K only where the busiest warp is near the mean.
-              const int64_t groups = shape.k / 64;
-              if (!internal::EvenShares(groups, c) && !internal::Balanced(groups, c)) continue;
+              if (!Validate(c, launch, limits).ok() || !internal::Balanced(groups, c)) continue;
               if (seen.insert(c).second) out.push_back(c);
             }
           }
