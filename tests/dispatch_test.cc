@@ -771,7 +771,8 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
     }
     EXPECT_EQ(c.splits, split);
     // The family: for the 12-bit NB 1 kernel one uncapped CTA of 16 warps per SM while the grid
-    // fits one wave of those and each CTA takes K / S >= 4096; the most warps per CTA while it
+    // fits one wave of those and each CTA takes K / S >= 4096 (NB 2 takes that family only
+    // unsplit on at most half the SMs, which no shape here is); the most warps per CTA while it
     // fits the wide family's CTAs per SM; the least waste of the last wave up to 8 CTAs per SM;
     // the multi-wave family beyond.
     struct Expected {
@@ -851,7 +852,8 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
 }
 
 // Shapes the H200 sweeps measured (docs/BENCHMARKS.md, "The heuristic"): the rule picks the
-// fastest configuration measured, or one within 1.5 % of it.
+// fastest configuration measured, or one within 1.5 % of it, or (where the comment gives the
+// best) the nearest to it that a rule fitted on many shapes found.
 TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
   struct Case {
     int64_t m, n, k;
@@ -896,6 +898,16 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {16, 3584, 18944, "z12.nw8.ug4.nb2.pipe4.s1"},   // 28.93 us, best 28.06 (UG 1: 30.30)
       {1, 1024, 11008, "z12.nw16.ug4.nb1.pipe3.s1"},   // the best, 7.56 us (was 9.15)
       {16, 1024, 11008, "z12.nw8.ug1.nb2.pipe4.s4"},   // 9.18 us, best 9.11 (was 10.45)
+      // Row-starved at NB 2 (session 7, m = 12 and 16; in parentheses the rule before): K
+      // slices of 2048 columns take four trips a warp, unsplit grids on at most half the SMs the
+      // one-CTA family.
+      {16, 640, 8192, "z12.nw8.ug1.nb2.pipe4.s4"},     // the best, 6.76 us (UG 2: 7.71)
+      {16, 896, 8192, "z12.nw8.ug1.nb2.pipe4.s4"},     // the best, 7.30 us (UG 2: 8.19)
+      {12, 1024, 8192, "z12.nw8.ug1.nb2.pipe4.s4"},    // 7.44 us, best 7.42 (UG 2: 8.38)
+      {16, 256, 32768, "z12.nw8.ug4.nb2.pipe4.s8"},    // the best, 8.13 us (wider slices keep UG 4)
+      {16, 1024, 6144, "z12.nw16.ug2.nb2.pipe3.s1"},   // 6.76 us, best 6.33 (wide family: 7.11)
+      {16, 512, 6144, "z12.nw16.ug2.nb2.pipe3.s1"},    // 6.39 us, best 5.68 split (wide: 6.77)
+      {16, 2048, 8192, "z12.nw8.ug4.nb2.pipe4.s1"},    // the best, 10.29 us (one CTA: 10.96)
   };
   for (const Case& c : kCases) {
     const KernelConfig want = KernelConfig::Parse(c.config).value();

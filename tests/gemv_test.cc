@@ -205,6 +205,15 @@ TEST(Gemv, DispatcherChoicesOnOddK) {
   CheckDispatcherChoices({{4096, 11008}, {3584, 18944}, {1024, 11008}});
 }
 
+// Row-starved shapes, where the heuristic's one-CTA-per-SM family and its split rules take over
+// (16 warps, UG 4/2/1, split 4, 6 or 8 ways or not; K / 64 = 80 and 144 leave only some UGs
+// balanced).
+TEST(Gemv, DispatcherChoicesOnRowStarvedShapes) {
+  GEMVZ_REQUIRE_GPU();
+  CheckDispatcherChoices(
+      {{1024, 8192}, {768, 9216}, {512, 5120}, {256, 8192}, {128, 32768}, {512, 12288}});
+}
+
 TEST(Gemv, EveryMFrom1To64) {
   GEMVZ_REQUIRE_GPU();
   const uint64_t seed = FreshSeed();

@@ -156,9 +156,14 @@ struct Families {
   Family many;                // more CTAs per SM: many waves, the best streamer
   Family single = {};         // if set: grids of at most one CTA per SM (up to 2048 rows)...
   int64_t single_min_k = 0;   // ... whose CTAs each take at least this much of K (K / S)
-  // Split K only from this K on, when the row blocks fill at least a quarter of the SMs (fewer
-  // than that keep kMinSplitK).
+  // Split K only from this K on, where the row blocks fill at least a quarter of the SMs and at
+  // most single_max_sm_pct of them (the other grids keep kMinSplitK).
   int64_t min_split_k = kMinSplitK;
+  int single_max_sm_pct = 100;  // the single family takes grids on at most this share of the SMs
+  bool single_split = true;      // ... split ones too
+  // Grids split into the narrowest slices (kMinSplitColumns) take a family's UG only with at
+  // least this many trips per warp.
+  int64_t narrow_split_min_trips = kMinTripsPerWarp;
 };
 
 constexpr int kMaxShapedCtasPerSm = 8;
@@ -188,6 +193,19 @@ constexpr Families kZ12Nb2 = {
       {6, 4, 8, {1, 0, 0}},  // 10240x8192, 12288x4096
       {}, {}}},
     {4, 4, 6, {2, 1, 0}},  // 28672x4096, 57344x8192, 128256x4096
+    // Session 7 (H200, m = 12 and 16, row-starved shapes): the one-CTA family of NB 1 for
+    // unsplit grids on at most half the SMs (1024x6144: 6.76 us against 7.11 for the wide
+    // family; 512x6144 6.39 against 6.77); with more SMs (2048x4096, 2048x8192) the wide family
+    // was 5-7 % faster, and so it was on 128x32768 split 8 ways (7.15 us against 7.45). K slices
+    // of 2048 columns want four trips a warp (1024x8192 split 4 ways at m = 16: UG 1 7.73 us,
+    // UG 2 8.80; 768x8192 7.13 against 8.03); wider ones keep two (256x32768 split 8 ways: UG 4
+    // 8.13 us, UG 2 8.40).
+    {1, 16, 3, {4, 2, 1}},
+    4096,
+    kMinSplitK,
+    50,
+    false,
+    4,
 };
 // 12-bit, NB 2, two row blocks per CTA (RB 2): N/32 CTAs, so their own wave arithmetic. 88 and
 // 124 registers.
@@ -325,8 +343,10 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
   // kMaxSplitCtasPerSm, and S = 1 last.
   std::vector<int> splits;
   // (min_split_k was measured down to 1024 rows; fewer row blocks than a quarter of the SMs keep
-  // the default.)
-  const int64_t min_split_k = row_blocks * 4 >= sm_count ? fam.min_split_k : kMinSplitK;
+  // the default, and so do more than the single family takes.)
+  const bool single_range = row_blocks * 4 >= sm_count &&
+                            row_blocks * 100 <= int64_t{sm_count} * fam.single_max_sm_pct;
+  const int64_t min_split_k = single_range ? fam.min_split_k : kMinSplitK;
   if (row_blocks * 10 < int64_t{sm_count} * 9 && shape.k >= min_split_k) {
     for (auto it = kSplits.rbegin(); it != kSplits.rend(); ++it) {
       const int s = *it;
@@ -367,9 +387,10 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       order.push_back(&fam.wide);
     }
     // Grids of one CTA per SM at most take the single family first, if each CTA's share of K is
-    // long enough.
+    // long enough and the grid leaves enough SMs idle.
     if (fam.single.ctas_per_sm > 0 && need <= fam.single.ctas_per_sm &&
-        shape.k / s >= fam.single_min_k) {
+        (s == 1 || fam.single_split) && shape.k / s >= fam.single_min_k &&
+        row_blocks * s * 100 <= int64_t{sm_count} * fam.single_max_sm_pct) {
       order.insert(order.begin(), &fam.single);
     }
     // A family's UGs in its order of preference, equal shares or balanced ones alike: on the
@@ -381,6 +402,10 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
         if (ug == 0) break;
         const KernelConfig c{format, f->nw, ug, nb, f->pipe, s};
         if (!Validate(c, launch, limits).ok() || !LongAndBalanced(groups, c)) continue;
+        if (s > 1 && shape.k / s <= kMinSplitColumns &&
+            MinTripsPerWarp(groups, c) < fam.narrow_split_min_trips) {
+          continue;
+        }
         if (allow_rb2 && format == WeightFormat::kZ12 && nb == 2 && s == 1) {
           if (std::optional<KernelConfig> r =
                   TwoRowBlocks(launch, sm_count, WaveFill(need, f->ctas_per_sm))) {
