@@ -908,6 +908,15 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {16, 1024, 6144, "z12.nw16.ug2.nb2.pipe3.s1"},   // 6.76 us, best 6.33 (wide family: 7.11)
       {16, 512, 6144, "z12.nw16.ug2.nb2.pipe3.s1"},    // 6.39 us, best 5.68 split (wide: 6.77)
       {16, 2048, 8192, "z12.nw8.ug4.nb2.pipe4.s1"},    // the best, 10.29 us (one CTA: 10.96)
+      // m = 17..32, NB 3 and 4 (session 7; in parentheses the lexicographic rule before):
+      {32, 28672, 4096, "z12.nw4.ug1.nb4.pipe3.s1"},   // the best, 62.43 us (81.73)
+      {32, 10240, 8192, "z12.nw4.ug2.nb4.pipe0.s1"},   // the best, 48.47 us (62.50)
+      {32, 4096, 4096, "z12.nw8.ug1.nb4.pipe3.s1"},    // the best, 10.60 us (24.95, split 2 ways)
+      {24, 8192, 8192, "z12.nw8.ug1.nb3.pipe4.rb2.s1"},  // the best, 29.12 us (41.87)
+      {24, 4096, 11008, "z12.nw12.ug1.nb3.pipe2.s1"},  // the best, 21.95 us (39.09)
+      {24, 2048, 4096, "z12.nw16.ug2.nb3.pipe3.s1"},   // the best, 7.15 us (16.08, split 4 ways)
+      {20, 5120, 5120, "z12.nw4.ug4.nb3.pipe5.s1"},    // held out: the best, 13.84 us (19.40)
+      {28, 57344, 8192, "z12.nw4.ug1.nb4.pipe3.s1"},   // held out: the best, 212.06 us (292.2)
   };
   for (const Case& c : kCases) {
     const KernelConfig want = KernelConfig::Parse(c.config).value();

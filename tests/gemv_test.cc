@@ -133,12 +133,13 @@ TEST(Gemv, BroadConfigurationSweep) {
 }
 
 // The dispatcher's own choice for each shape at m = 1, 8, 16 against the CPU reference.
-void CheckDispatcherChoices(const std::vector<std::pair<int64_t, int64_t>>& shapes) {
+void CheckDispatcherChoices(const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                            const std::vector<int64_t>& ms = {1, 8, 16}) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   for (auto [n, k] : shapes) {
     const Problem p = Problem::Make(n, k, testing::RandomMatrix(n, k, Distribution::kNormal, seed));
-    for (int64_t m : {1, 8, 16}) {
+    for (int64_t m : ms) {
       auto plan = PlanGemv(p.dm, m);
       ASSERT_TRUE(plan.ok()) << plan.status();
       EXPECT_EQ(p.Check(m, {}, seed + m), "") << n << "x" << k << " m=" << m << " "
@@ -212,6 +213,15 @@ TEST(Gemv, DispatcherChoicesOnRowStarvedShapes) {
   GEMVZ_REQUIRE_GPU();
   CheckDispatcherChoices(
       {{1024, 8192}, {768, 9216}, {512, 5120}, {256, 8192}, {128, 32768}, {512, 12288}});
+}
+
+// m = 17..32 (NB 3 and 4): every kind of choice of the heuristic's NB 3-4 families: the wide
+// one, the mid ones, RB 2 at NB 3 (8192x8192), the one-CTA family (2048x4096, 1024x8192), odd K.
+TEST(Gemv, DispatcherChoicesForM17To32) {
+  GEMVZ_REQUIRE_GPU();
+  CheckDispatcherChoices({{8192, 8192}, {6144, 4096}, {10240, 4096}, {4096, 11008}, {2048, 4096},
+                          {1024, 8192}},
+                         {17, 24, 25, 32});
 }
 
 TEST(Gemv, EveryMFrom1To64) {

@@ -207,11 +207,43 @@ constexpr Families kZ12Nb2 = {
     false,
     4,
 };
-// 12-bit, NB 2, two row blocks per CTA (RB 2): N/32 CTAs, so their own wave arithmetic. 88 and
-// 124 registers.
+// 12-bit, NB 3 and 4 (m = 17..32), fitted on a sweep of 13 shapes at m = 24 and 32 (session 7,
+// H200, 60-125 configurations each; docs/BENCHMARKS.md, "m = 17 to 32"). Every shape ran
+// fastest unsplit.
+// NB 3: 72 (NW 12, PIPE 2), 124-128 (NW 4, PIPE 5) and 96 registers (NW 16, PIPE 3).
+constexpr Families kZ12Nb3 = {
+    {2, 12, 2, {1, 0, 0}},  // 4096x{8192,11008,14336}, 3072x3072 (4096x4096: 1.07x the best)
+    {{{3, 4, 5, {4, 2, 1}},  // 6144x4096, 10240x8192
+      {}, {}, {}, {}}},
+    {3, 4, 5, {4, 2, 1}},  // 28672x4096
+    {1, 16, 3, {2, 1, 4}},  // 2048x4096, 1024x8192
+    4096,
+    12288,  // (no split was measured at NB 3 or 4)
+    100,
+    false,
+};
+// NB 4: 89 (PIPE 3), 105 (NW 4, PIPE 4) and 72 registers (NW 4, PIPE 0).
+constexpr Families kZ12Nb4 = {
+    {2, 8, 3, {1, 0, 0}},  // 4096x{4096,8192,11008,14336}, 3072x3072, 2048x4096
+    {{{3, 4, 4, {1, 0, 0}},  // 6144x4096
+      {4, 4, 3, {1, 0, 0}},  // 8192x8192, 8192x28672, 14336x4096
+      {5, 4, 0, {2, 1, 0}},  // 10240x8192
+      {}, {}}},
+    {4, 4, 3, {1, 0, 0}},  // 28672x4096
+    {1, 16, 3, {1, 2, 4}},  // 1024x8192 (2048x4096: 1.10x the best, so at most half the SMs)
+    4096,
+    12288,
+    50,
+    false,
+};
+// 12-bit, two row blocks per CTA (RB 2): N/32 CTAs, so their own wave arithmetic. NB 2: 88 and
+// 124 registers; NB 3: 96.
 constexpr std::array<Family, 2> kZ12Nb2Rb2 = {{
     {4, 4, 3, {1, 0, 0}},  // 14336x4096, 16384x3072, 27648x5120, 28672x{4096,8192}
     {3, 4, 5, {2, 0, 0}},  // 10240x8192, 12288x4096, 22016x4096, 37888x3584
+}};
+constexpr std::array<Family, 1> kZ12Nb3Rb2 = {{
+    {2, 8, 4, {1, 0, 0}},  // 8192x8192, 8192x28672, 14336x4096
 }};
 // RB 2 is taken when its grid fills the last wave at least as well as the RB 1 family's, less
 // this slack: at equal fill it streamed 1-3 % faster on the H200 (session 5, m = 16: 14 shapes
@@ -219,9 +251,15 @@ constexpr std::array<Family, 2> kZ12Nb2Rb2 = {{
 // fill is worse it lost 2-22 % (8192x8192: 31.9 against 26.1 us).
 constexpr double kRb2FillSlack = 0.02;
 
-// An RB 2 family's kernel: its one UG, NB 2, S 1.
-KernelConfig Rb2Kernel(const Family& f) {
-  return KernelConfig{WeightFormat::kZ12, f.nw, f.ugs[0], 2, f.pipe, 1, 2};
+// An RB 2 family's kernel: its one UG, S 1.
+KernelConfig Rb2Kernel(const Family& f, int nb) {
+  return KernelConfig{WeightFormat::kZ12, f.nw, f.ugs[0], nb, f.pipe, 1, 2};
+}
+// The RB 2 families for `nb` token blocks (none for NB 1 and 4).
+std::vector<Family> Rb2Families(int nb) {
+  if (nb == 2) return {kZ12Nb2Rb2.begin(), kZ12Nb2Rb2.end()};
+  if (nb == 3) return {kZ12Nb3Rb2.begin(), kZ12Nb3Rb2.end()};
+  return {};
 }
 // Plain BF16 (NW warps, no exception warp): 70-116 registers at NB 1 and 88-156 at NB 2 hold
 // about 16 warps per SM whatever NW, so NW sets the grain of a wave. The shapes named are the
@@ -245,9 +283,12 @@ constexpr Families kBf16Nb2 = {
     {4, 4, 1, {2, 0, 0}},  // 28672x4096, 57344x8192, 128256x4096
 };
 
-const Families& FamiliesFor(WeightFormat format, int nb) {
-  if (format == WeightFormat::kZ12) return nb == 1 ? kZ12Nb1 : kZ12Nb2;
-  return nb == 1 ? kBf16Nb1 : kBf16Nb2;
+// The family set for `nb` token blocks, if there is one (the plain kernel has none for NB 3-4).
+const Families* FamiliesFor(WeightFormat format, int nb) {
+  static constexpr const Families* kZ12[] = {&kZ12Nb1, &kZ12Nb2, &kZ12Nb3, &kZ12Nb4};
+  static constexpr const Families* kBf16[] = {&kBf16Nb1, &kBf16Nb2, nullptr, nullptr};
+  if (nb < 1 || nb > 4) return nullptr;
+  return format == WeightFormat::kZ12 ? kZ12[nb - 1] : kBf16[nb - 1];
 }
 
 // A kernel that two families share must be counted with the same CTAs per SM.
@@ -283,10 +324,11 @@ constexpr bool FamiliesAscend(const Families& fam) {
   }
   return true;
 }
-static_assert(FamiliesAscend(kZ12Nb1) && FamiliesAscend(kZ12Nb2) && FamiliesAscend(kBf16Nb1) &&
-                  FamiliesAscend(kBf16Nb2),
+static_assert(FamiliesAscend(kZ12Nb1) && FamiliesAscend(kZ12Nb2) && FamiliesAscend(kZ12Nb3) &&
+                  FamiliesAscend(kZ12Nb4) && FamiliesAscend(kBf16Nb1) && FamiliesAscend(kBf16Nb2),
               "families out of order");
 static_assert(FamiliesCountAlike(kZ12Nb1) && FamiliesCountAlike(kZ12Nb2) &&
+                  FamiliesCountAlike(kZ12Nb3) && FamiliesCountAlike(kZ12Nb4) &&
                   FamiliesCountAlike(kBf16Nb1) && FamiliesCountAlike(kBf16Nb2),
               "a kernel listed in two families with different CTAs per SM");
 
@@ -307,19 +349,33 @@ double WaveFill(int64_t need, int ctas_per_sm) {
   return static_cast<double>(need) / static_cast<double>(waves * ctas_per_sm);
 }
 
-// The RB 2 kernel whose grid fills the last wave best, if that is within kRb2FillSlack of
-// `fill_rb1` (unsplit 12-bit NB 2 launches only).
-std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int sm_count, double fill_rb1) {
+// The share of the slots of all its waves that a grid of `ctas` fills: unlike WaveFill, a grid
+// under one wave counts as partly empty (192 CTAs in 264 slots: 0.73).
+double GridFill(int64_t ctas, int ctas_per_sm, int sm_count) {
+  const int64_t slots = int64_t{ctas_per_sm} * sm_count;
+  return static_cast<double>(ctas) / static_cast<double>((ctas + slots - 1) / slots * slots);
+}
+
+// The RB 2 kernel whose grid fills the last wave best, if that is within kRb2FillSlack of the
+// RB 1 family's fill (unsplit 12-bit NB 2 and 3 launches). NB 2 counts fill by WaveFill, as it was
+// fitted; NB 3 by GridFill: its RB 2 family holds 2 CTAs per SM, and 6144x4096's 192 CTAs ran
+// 1.17x slower than the RB 1 family's 384 in 396 slots (m = 24), which WaveFill rates alike.
+std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int nb, int sm_count,
+                                         int rb1_ctas_per_sm) {
   const int64_t row_blocks = launch.n / 16;
   const int64_t groups = launch.k / 64;
   if (row_blocks % 2 != 0) return std::nullopt;
-  const int64_t need = (row_blocks / 2 + sm_count - 1) / sm_count;
+  const auto fill_of = [&](int64_t ctas, int ctas_per_sm) {
+    return nb == 2 ? WaveFill((ctas + sm_count - 1) / sm_count, ctas_per_sm)
+                   : GridFill(ctas, ctas_per_sm, sm_count);
+  };
+  const double fill_rb1 = fill_of(row_blocks, rb1_ctas_per_sm);
   std::optional<KernelConfig> best;
   double best_fill = 0;
-  for (const Family& f : kZ12Nb2Rb2) {
-    const KernelConfig c = Rb2Kernel(f);
+  for (const Family& f : Rb2Families(nb)) {
+    const KernelConfig c = Rb2Kernel(f, nb);
     if (!Validate(c, launch, DefaultDeviceLimits()).ok() || !LongAndBalanced(groups, c)) continue;
-    const double fill = WaveFill(need, f.ctas_per_sm);
+    const double fill = fill_of(row_blocks / 2, f.ctas_per_sm);
     if (!best || fill > best_fill) {
       best = c;
       best_fill = fill;
@@ -331,8 +387,8 @@ std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int sm_count, 
 
 std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, int nb,
                                    int sm_count, bool allow_rb2) {
-  if (nb > 2) return std::nullopt;
-  const Families& fam = FamiliesFor(format, nb);
+  if (FamiliesFor(format, nb) == nullptr) return std::nullopt;
+  const Families& fam = *FamiliesFor(format, nb);
   const GemvShape launch{std::min<int64_t>(shape.m, 8 * nb), shape.n, shape.k};
   const DeviceLimits limits = DefaultDeviceLimits();
   const int64_t row_blocks = shape.n / 16;
@@ -406,9 +462,8 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
             MinTripsPerWarp(groups, c) < fam.narrow_split_min_trips) {
           continue;
         }
-        if (allow_rb2 && format == WeightFormat::kZ12 && nb == 2 && s == 1) {
-          if (std::optional<KernelConfig> r =
-                  TwoRowBlocks(launch, sm_count, WaveFill(need, f->ctas_per_sm))) {
+        if (allow_rb2 && format == WeightFormat::kZ12 && s == 1) {
+          if (std::optional<KernelConfig> r = TwoRowBlocks(launch, nb, sm_count, f->ctas_per_sm)) {
             return r;
           }
         }
@@ -426,8 +481,9 @@ namespace internal {
 std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
   std::vector<HeuristicFamilyKernel> out;
   for (WeightFormat format : {WeightFormat::kZ12, WeightFormat::kBf16}) {
-    for (int nb : {1, 2}) {
-      const Families& fam = FamiliesFor(format, nb);
+    for (int nb = 1; nb <= 4; ++nb) {
+      if (FamiliesFor(format, nb) == nullptr) continue;
+      const Families& fam = *FamiliesFor(format, nb);
       std::vector<const Family*> all = {&fam.wide, &fam.many};
       for (const Family& f : fam.mid) {
         if (f.ctas_per_sm > 0) all.push_back(&f);
@@ -444,7 +500,9 @@ std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
       }
     }
   }
-  for (const Family& f : kZ12Nb2Rb2) out.push_back({Rb2Kernel(f), f.ctas_per_sm});
+  for (int nb : {2, 3}) {
+    for (const Family& f : Rb2Families(nb)) out.push_back({Rb2Kernel(f, nb), f.ctas_per_sm});
+  }
   return out;
 }
 
