@@ -917,6 +917,11 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {24, 2048, 4096, "z12.nw16.ug2.nb3.pipe3.s1"},   // the best, 7.15 us (16.08, split 4 ways)
       {20, 5120, 5120, "z12.nw4.ug4.nb3.pipe5.s1"},    // held out: the best, 13.84 us (19.40)
       {28, 57344, 8192, "z12.nw4.ug1.nb4.pipe3.s1"},   // held out: the best, 212.06 us (292.2)
+      {32, 4096, 8192, "bf16.nw8.ug1.nb4.pipe2.s1"},   // the best, 22.92 us (44.50, split 2 ways)
+      {32, 8192, 28672, "bf16.nw4.ug1.nb4.pipe1.s1"},  // the best, 148.56 us (194.83)
+      {24, 28672, 4096, "bf16.nw4.ug2.nb3.pipe3.s1"},  // the best, 65.36 us (68.89)
+      {24, 1024, 8192, "bf16.nw16.ug2.nb3.pipe3.s1"},  // the best, 9.42 us (16.57, split 8 ways)
+      {28, 11008, 4096, "bf16.nw4.ug2.nb4.pipe3.s1"},  // held out: the best, 29.05 us (41.70)
   };
   for (const Case& c : kCases) {
     const KernelConfig want = KernelConfig::Parse(c.config).value();

@@ -134,11 +134,12 @@ TEST(Gemv, BroadConfigurationSweep) {
 
 // The dispatcher's own choice for each shape at m = 1, 8, 16 against the CPU reference.
 void CheckDispatcherChoices(const std::vector<std::pair<int64_t, int64_t>>& shapes,
-                            const std::vector<int64_t>& ms = {1, 8, 16}) {
+                            const std::vector<int64_t>& ms = {1, 8, 16}, bool plain = false) {
   const uint64_t seed = FreshSeed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << (plain ? ", plain BF16" : ", 12-bit"));
   for (auto [n, k] : shapes) {
-    const Problem p = Problem::Make(n, k, testing::RandomMatrix(n, k, Distribution::kNormal, seed));
+    const Problem p =
+        Problem::Make(n, k, testing::RandomMatrix(n, k, Distribution::kNormal, seed), plain);
     for (int64_t m : ms) {
       auto plan = PlanGemv(p.dm, m);
       ASSERT_TRUE(plan.ok()) << plan.status();
@@ -216,12 +217,14 @@ TEST(Gemv, DispatcherChoicesOnRowStarvedShapes) {
 }
 
 // m = 17..32 (NB 3 and 4): every kind of choice of the heuristic's NB 3-4 families: the wide
-// one, the mid ones, RB 2 at NB 3 (8192x8192), the one-CTA family (2048x4096, 1024x8192), odd K.
+// one, the mid ones, RB 2 at NB 3 (8192x8192), the one-CTA family (2048x4096, 1024x8192), odd K
+// (4096x11008: the plain kernel's lexicographic rule); both formats.
 TEST(Gemv, DispatcherChoicesForM17To32) {
   GEMVZ_REQUIRE_GPU();
-  CheckDispatcherChoices({{8192, 8192}, {6144, 4096}, {10240, 4096}, {4096, 11008}, {2048, 4096},
-                          {1024, 8192}},
-                         {17, 24, 25, 32});
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {8192, 8192}, {6144, 4096}, {10240, 4096}, {4096, 11008}, {2048, 4096}, {1024, 8192}};
+  CheckDispatcherChoices(shapes, {17, 24, 25, 32});
+  CheckDispatcherChoices(shapes, {17, 24, 25, 32}, /*plain=*/true);
 }
 
 TEST(Gemv, EveryMFrom1To64) {

@@ -283,10 +283,39 @@ constexpr Families kBf16Nb2 = {
     {4, 4, 1, {2, 0, 0}},  // 28672x4096, 57344x8192, 128256x4096
 };
 
-// The family set for `nb` token blocks, if there is one (the plain kernel has none for NB 3-4).
+// Plain BF16, NB 3 and 4 (m = 17..32), fitted like the 12-bit ones (session 7, 13 shapes at m = 24
+// and 32, 92 non-spilling kernels). A family lists only the UGs that hold its CTAs per SM (NB 3,
+// NW 8, PIPE 3: 128 registers with UG 2, 179-182 with UG 1 or 4). K that no family's warps divide
+// evenly (4096x11008) keeps the lexicographic rule, which measured within 0.3 % of the best there.
+constexpr Families kBf16Nb3 = {
+    {2, 8, 3, {2, 0, 0}},  // 4096x{4096,8192,14336}, 3072x3072
+    {{{3, 4, 2, {2, 0, 0}},  // 162 registers: 10240x8192
+      {4, 4, 3, {2, 0, 0}},  // 128 registers: 6144x4096, 8192x8192, 8192x28672, 14336x4096
+      {}, {}, {}}},
+    {4, 4, 3, {2, 0, 0}},  // 28672x4096
+    {1, 16, 3, {2, 4, 0}},  // 124-128 registers: 1024x8192, 2048x4096
+    4096,
+    12288,
+    100,
+    false,
+};
+constexpr Families kBf16Nb4 = {
+    {2, 8, 2, {1, 0, 0}},  // 128 registers: 4096x{4096,8192,14336}, 3072x3072
+    {{{3, 4, 3, {2, 1, 0}},  // 148 registers: 6144x4096, 14336x4096
+      {5, 4, 1, {1, 0, 0}},  // 96 registers: 8192x8192, 8192x28672, 10240x8192
+      {}, {}, {}}},
+    {3, 4, 3, {2, 1, 0}},  // 28672x4096
+    {1, 16, 3, {1, 2, 0}},  // 127 registers: 1024x8192, 2048x4096
+    4096,
+    12288,
+    100,
+    false,
+};
+
+// The family set for `nb` token blocks (nullptr past NB 4).
 const Families* FamiliesFor(WeightFormat format, int nb) {
   static constexpr const Families* kZ12[] = {&kZ12Nb1, &kZ12Nb2, &kZ12Nb3, &kZ12Nb4};
-  static constexpr const Families* kBf16[] = {&kBf16Nb1, &kBf16Nb2, nullptr, nullptr};
+  static constexpr const Families* kBf16[] = {&kBf16Nb1, &kBf16Nb2, &kBf16Nb3, &kBf16Nb4};
   if (nb < 1 || nb > 4) return nullptr;
   return format == WeightFormat::kZ12 ? kZ12[nb - 1] : kBf16[nb - 1];
 }
@@ -325,11 +354,13 @@ constexpr bool FamiliesAscend(const Families& fam) {
   return true;
 }
 static_assert(FamiliesAscend(kZ12Nb1) && FamiliesAscend(kZ12Nb2) && FamiliesAscend(kZ12Nb3) &&
-                  FamiliesAscend(kZ12Nb4) && FamiliesAscend(kBf16Nb1) && FamiliesAscend(kBf16Nb2),
+                  FamiliesAscend(kZ12Nb4) && FamiliesAscend(kBf16Nb1) &&
+                  FamiliesAscend(kBf16Nb2) && FamiliesAscend(kBf16Nb3) && FamiliesAscend(kBf16Nb4),
               "families out of order");
 static_assert(FamiliesCountAlike(kZ12Nb1) && FamiliesCountAlike(kZ12Nb2) &&
                   FamiliesCountAlike(kZ12Nb3) && FamiliesCountAlike(kZ12Nb4) &&
-                  FamiliesCountAlike(kBf16Nb1) && FamiliesCountAlike(kBf16Nb2),
+                  FamiliesCountAlike(kBf16Nb1) && FamiliesCountAlike(kBf16Nb2) &&
+                  FamiliesCountAlike(kBf16Nb3) && FamiliesCountAlike(kBf16Nb4),
               "a kernel listed in two families with different CTAs per SM");
 
 // Split K only when the row blocks leave more than a tenth of the SMs idle and K is at least
