@@ -21,8 +21,9 @@ namespace gemvz_dev {
 
 // One row block's group of 64 K: decode its four A fragments and feed every token block's mma,
 // the group's first 32 K into acc and the second into accb (the same array for one chain). Both
-// loops use it (session 7: the machine code of 8 of the default warm-up's kernels changed, only
-// the accumulators' register names; timed on the H200 against the written-out loops, 0.999x).
+// loops use it (session 7, docs/JIT.md: it changed the machine code of 8 of the kernels the table
+// and the heuristic picked then, through the accumulators' register names only; timed on the
+// H200 against the written-out loops, 0.999x).
 template <int NB, int NACC>
 __device__ __forceinline__ void decode_mma(const uint4& a0, const uint4& a1, const uint4& b,
                                            unsigned tl, unsigned th, const uint4 (&xa)[NB],

@@ -132,7 +132,8 @@ TEST(Gemv, BroadConfigurationSweep) {
               static_cast<int>(kernels.size()), spilling);
 }
 
-// The dispatcher's own choice for each shape at m = 1, 8, 16 against the CPU reference.
+// The dispatcher's own choice for each shape at each m of `ms` (12-bit, or plain BF16 with
+// `plain`) against the CPU reference.
 void CheckDispatcherChoices(const std::vector<std::pair<int64_t, int64_t>>& shapes,
                             const std::vector<int64_t>& ms = {1, 8, 16}, bool plain = false) {
   const uint64_t seed = FreshSeed();
@@ -218,7 +219,8 @@ TEST(Gemv, DispatcherChoicesOnRowStarvedShapes) {
 
 // m = 17..32 (NB 3 and 4): every kind of choice of the heuristic's NB 3-4 families: the wide
 // one, the mid ones, RB 2 at NB 3 (8192x8192), the one-CTA family (2048x4096, 1024x8192), odd K
-// (4096x11008: the plain kernel's lexicographic rule); both formats.
+// (4096x11008: uneven shares for the 12-bit kernel, the plain kernel's lexicographic rule at
+// NB 3); both formats.
 TEST(Gemv, DispatcherChoicesForM17To32) {
   GEMVZ_REQUIRE_GPU();
   const std::vector<std::pair<int64_t, int64_t>> shapes = {

@@ -33,7 +33,7 @@ inline constexpr double kMaxWarpImbalance = 1.125;
 bool EvenShares(int64_t groups, const KernelConfig& c);
 bool Balanced(int64_t groups, const KernelConfig& c);
 
-// Every kernel the heuristic's shaped rule (NB 1 and 2, both formats) may pick, with the CTAs
+// Every kernel the heuristic's shaped rule (NB 1 to 4, both formats) may pick, with the CTAs
 // per SM that the rule counts on it holding (S = 1; HeuristicTest checks registers against it,
 // JitGpuTest the driver's occupancy).
 struct HeuristicFamilyKernel {
@@ -41,8 +41,8 @@ struct HeuristicFamilyKernel {
   int ctas_per_sm = 0;
 };
 std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels();
-// HeuristicConfig before its last step, which may trade an unsplit 12-bit NB 2 choice for an
-// RB 2 kernel whose grid fills the last wave as well (for tests of that step).
+// HeuristicConfig before its last step, which may trade an unsplit 12-bit NB 2 or 3 choice for
+// an RB 2 kernel whose grid fills the last wave as well (for tests of that step).
 KernelConfig HeuristicConfigWithoutRb2(const GemvShape& shape, WeightFormat format,
                                        int sm_count = 132);
 

@@ -93,8 +93,9 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
   const int64_t row_blocks = shape.n / 16;
   const int64_t groups = shape.k / 64;
   const int64_t target_ctas = kTargetWavesOfCtas * sm_count;
-  // Even the largest split leaves SMs idle: more warps per CTA is the only other lever (up to
-  // NB = 2: with 4 token blocks 16 warps spill whatever the PIPE).
+  // Even the largest split leaves SMs idle: more warps per CTA is the only other lever (ranked
+  // first up to NB = 2, as this fallback was first fitted; NB 3-4 reach it only for K that no
+  // family takes).
   const bool starved = row_blocks * kSplits.back() < sm_count && nb <= 2;
 
   // Lexicographic, smaller is better: the 12-bit warps' shares of K equal or balanced, long
@@ -127,7 +128,7 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
   return best;
 }
 
-// ---- NB 1 and 2 (m <= 16): size the grid to the GPU's resident slots.
+// ---- The shaped rule, NB 1 to 4 (m <= 32): size the grid to the GPU's resident slots.
 //
 // A grid of 1.3 waves runs its second wave nearly empty: 8192x8192 at m = 1 takes 28.7 us with
 // 3 CTAs per SM (512 CTAs in 396 slots) and 25.4 us with 4 (one wave). So the heuristic picks
@@ -156,8 +157,8 @@ struct Families {
   Family many;                // more CTAs per SM: many waves, the best streamer
   Family single = {};         // if set: grids of at most one CTA per SM (up to 2048 rows)...
   int64_t single_min_k = 0;   // ... whose CTAs each take at least this much of K (K / S)
-  // Split K only from this K on, where the row blocks fill at least a quarter of the SMs and at
-  // most single_max_sm_pct of them (the other grids keep kMinSplitK).
+  // Split K only from this K on, where the row blocks fill at least a quarter of the SMs (fewer
+  // than that keep kMinSplitK).
   int64_t min_split_k = kMinSplitK;
   int single_max_sm_pct = 100;  // the single family takes grids on at most this share of the SMs
   bool single_split = true;      // ... split ones too
@@ -286,11 +287,12 @@ constexpr Families kBf16Nb2 = {
 // Plain BF16, NB 3 and 4 (m = 17..32), fitted like the 12-bit ones (session 7, 13 shapes at m = 24
 // and 32, 92 non-spilling kernels). A family lists only the UGs that hold its CTAs per SM (NB 3,
 // NW 8, PIPE 3: 128 registers with UG 2, 179-182 with UG 1 or 4). K that no family's warps divide
-// evenly (4096x11008) keeps the lexicographic rule, which measured within 0.3 % of the best there.
+// evenly (4096x11008 at NB 3; at NB 4 the NW 4 family's UG 1 takes it) keeps the lexicographic
+// rule, which measured within 0.3 % of the best there.
 constexpr Families kBf16Nb3 = {
     {2, 8, 3, {2, 0, 0}},  // 4096x{4096,8192,14336}, 3072x3072
-    {{{3, 4, 2, {2, 0, 0}},  // 162 registers: 10240x8192
-      {4, 4, 3, {2, 0, 0}},  // 128 registers: 6144x4096, 8192x8192, 8192x28672, 14336x4096
+    {{{3, 4, 2, {2, 0, 0}},  // 162 registers: 10240x8192, 6144x4096 (1.03x; PIPE 3 the best)
+      {4, 4, 3, {2, 0, 0}},  // 128 registers: 8192x8192, 8192x28672, 14336x4096
       {}, {}, {}}},
     {4, 4, 3, {2, 0, 0}},  // 28672x4096
     {1, 16, 3, {2, 4, 0}},  // 124-128 registers: 1024x8192, 2048x4096
@@ -430,10 +432,8 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
   // kMaxSplitCtasPerSm, and S = 1 last.
   std::vector<int> splits;
   // (min_split_k was measured down to 1024 rows; fewer row blocks than a quarter of the SMs keep
-  // the default, and so do more than the single family takes.)
-  const bool single_range = row_blocks * 4 >= sm_count &&
-                            row_blocks * 100 <= int64_t{sm_count} * fam.single_max_sm_pct;
-  const int64_t min_split_k = single_range ? fam.min_split_k : kMinSplitK;
+  // the default.)
+  const int64_t min_split_k = row_blocks * 4 >= sm_count ? fam.min_split_k : kMinSplitK;
   if (row_blocks * 10 < int64_t{sm_count} * 9 && shape.k >= min_split_k) {
     for (auto it = kSplits.rbegin(); it != kSplits.rend(); ++it) {
       const int s = *it;
@@ -549,7 +549,7 @@ KernelConfig Heuristic(const GemvShape& shape, WeightFormat format, int sm_count
   // odd with m > 8, say; the 12-bit kernel's only K/64 < NB): the caller then runs smaller chunks
   // (GemvPlan::chunk_m).
   for (int nb = nb_wanted; nb >= 1; --nb) {
-    // K that no family takes (and NB 3 and 4) gets the lexicographic rule of BestWithTokenBlocks.
+    // K that no family takes gets the lexicographic rule of BestWithTokenBlocks.
     if (std::optional<KernelConfig> c = Shaped(s, format, nb, sm_count, allow_rb2)) return *c;
     if (std::optional<KernelConfig> c = BestWithTokenBlocks(s, format, nb, sm_count)) return *c;
   }
