@@ -478,7 +478,8 @@ TEST_F(TuningFileTest, VersionIsTheOldestThatHoldsTheEntries) {
   ASSERT_TRUE(SaveTunedChoices({even}).ok());
   EXPECT_EQ(nlohmann::json::parse(ReadAll(path_)).at("version"), 1);
   // Version 2 and 3 files without such entries read too.
-  for (const char* text : {R"({"version": 2, "entries": []})", R"({"version": 3, "entries": []})"}) {
+  for (const char* text :
+       {R"({"version": 2, "entries": []})", R"({"version": 3, "entries": []})"}) {
     WriteAll(path_, text);
     loaded = Load();
     ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());

@@ -25,10 +25,10 @@ int TokenBlocksFor(int64_t m);
 // (kernel_sources/k_range.cuh). For a configuration that Validate accepts for K = 64 * groups:
 // EvenShares: every warp the same trips;
 // Balanced: the busiest warp's trips within kMaxWarpImbalance of the mean (its CTA waits for it),
-// which the heuristic and the sweep ask of every configuration; equal shares are balanced. An eighth, not a tenth: on the H200
-// 1024x11008 (43 trips per K slice at S = 4) ran 12-13 % faster with NW 8 at S = 4 (1.116) than
-// with what a tenth left (S = 2 at m = 1, NW 4 at m = 16), while 4096x11008 at m = 16 lost 1.5 %
-// (UG 4 at 1.116 over UG 2 at 1.023).
+// which the heuristic and the sweep ask of every configuration; equal shares are balanced.
+// An eighth, not a tenth: on the H200 1024x11008 (43 trips per K slice at S = 4) ran 12-13 %
+// faster with NW 8 at S = 4 (1.116) than with what a tenth left (S = 2 at m = 1, NW 4 at m = 16),
+// while 4096x11008 at m = 16 lost 1.5 % (UG 4 at 1.116 over UG 2 at 1.023).
 inline constexpr double kMaxWarpImbalance = 1.125;
 bool EvenShares(int64_t groups, const KernelConfig& c);
 bool Balanced(int64_t groups, const KernelConfig& c);

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "gemvz/dispatch.h"
 #include "runtime/dispatch/dispatcher.h"
 
@@ -257,9 +258,9 @@ KernelConfig Rb2Kernel(const Family& f, int nb) {
   return KernelConfig{WeightFormat::kZ12, f.nw, f.ugs[0], nb, f.pipe, 1, 2};
 }
 // The RB 2 families for `nb` token blocks (none for NB 1 and 4).
-std::vector<Family> Rb2Families(int nb) {
-  if (nb == 2) return {kZ12Nb2Rb2.begin(), kZ12Nb2Rb2.end()};
-  if (nb == 3) return {kZ12Nb3Rb2.begin(), kZ12Nb3Rb2.end()};
+absl::Span<const Family> Rb2Families(int nb) {
+  if (nb == 2) return kZ12Nb2Rb2;
+  if (nb == 3) return kZ12Nb3Rb2;
   return {};
 }
 // Plain BF16 (NW warps, no exception warp): 70-116 registers at NB 1 and 88-156 at NB 2 hold
@@ -420,8 +421,9 @@ std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int nb, int sm
 
 std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, int nb,
                                    int sm_count, bool allow_rb2) {
-  if (FamiliesFor(format, nb) == nullptr) return std::nullopt;
-  const Families& fam = *FamiliesFor(format, nb);
+  const Families* families = FamiliesFor(format, nb);
+  if (families == nullptr) return std::nullopt;
+  const Families& fam = *families;
   const GemvShape launch{std::min<int64_t>(shape.m, 8 * nb), shape.n, shape.k};
   const DeviceLimits limits = DefaultDeviceLimits();
   const int64_t row_blocks = shape.n / 16;
@@ -512,9 +514,10 @@ namespace internal {
 std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
   std::vector<HeuristicFamilyKernel> out;
   for (WeightFormat format : {WeightFormat::kZ12, WeightFormat::kBf16}) {
-    for (int nb = 1; nb <= 4; ++nb) {
-      if (FamiliesFor(format, nb) == nullptr) continue;
-      const Families& fam = *FamiliesFor(format, nb);
+    for (int nb = 1; nb <= kMaxTokenBlocks; ++nb) {
+      const Families* families = FamiliesFor(format, nb);
+      if (families == nullptr) continue;
+      const Families& fam = *families;
       std::vector<const Family*> all = {&fam.wide, &fam.many};
       for (const Family& f : fam.mid) {
         if (f.ctas_per_sm > 0) all.push_back(&f);
@@ -531,7 +534,7 @@ std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
       }
     }
   }
-  for (int nb : {2, 3}) {
+  for (int nb = 1; nb <= kMaxTokenBlocks; ++nb) {
     for (const Family& f : Rb2Families(nb)) out.push_back({Rb2Kernel(f, nb), f.ctas_per_sm});
   }
   return out;
