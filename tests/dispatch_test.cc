@@ -883,7 +883,7 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {1, 2048, 8192, "z12.nw16.ug4.nb1.pipe3.s1"},    // 8.65 us, best 8.46 (PIPE 2: 9.22)
       {8, 1024, 28672, "z12.nw16.ug1.nb1.pipe2.s4"},   // the best, 14.43 us (S = 8 was 17.40)
       {16, 2048, 4096, "z12.nw8.ug4.nb2.pipe4.s1"},    // the best, 6.36 us (S = 4 was 10.25)
-      {8, 1024, 4096, "z12.nw16.ug2.nb1.pipe3.s1"},    // 4.43 us, best 4.38 (PIPE 2: 4.77)
+      {8, 1024, 4096, "z12.nw16.ug4.nb1.pipe3.s1"},    // the best, 4.35 us (UG 2: 4.41, PIPE 2: 4.77)
       {1, 1024, 14336, "z12.nw8.ug1.nb1.pipe3.s4"},    // the best, 8.82 us
       // Plain BF16 (the same day's sweep of the plain kernel):
       {16, 8192, 8192, "bf16.nw4.ug2.nb2.pipe1.s1"},   // the best, 35.94 us (was 45.15)
@@ -908,8 +908,19 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {12, 1024, 8192, "z12.nw8.ug1.nb2.pipe4.s4"},    // 7.44 us, best 7.42 (UG 2: 8.38)
       {16, 256, 32768, "z12.nw8.ug4.nb2.pipe4.s8"},    // the best, 8.13 us (wider slices keep UG 4)
       {16, 1024, 6144, "z12.nw16.ug2.nb2.pipe3.s1"},   // 6.76 us, best 6.33 (wide family: 7.11)
-      {16, 512, 6144, "z12.nw16.ug2.nb2.pipe3.s1"},    // 6.39 us, best 5.68 split (wide: 6.77)
+      {16, 512, 6144, "z12.nw8.ug1.nb2.pipe4.s4"},     // the best, 5.54 us (session 7's 6.25)
       {16, 2048, 8192, "z12.nw8.ug4.nb2.pipe4.s1"},    // the best, 10.29 us (one CTA: 10.96)
+      // The tiniest grids (session 8, m = 1, 8, 16; in parentheses the rule before): one trip a
+      // warp unsplit, or a fixed split below K = 8192.
+      {1, 128, 4096, "z12.nw16.ug4.nb1.pipe3.s1"},     // the best, 3.40 us (UG 2: 3.64)
+      {1, 256, 7168, "z12.nw16.ug1.nb1.pipe3.s4"},     // the best, 4.72 us (5.29)
+      {16, 64, 4096, "z12.nw4.ug2.nb2.pipe6.s8"},      // the best, 4.20 us (4.75)
+      {16, 128, 6144, "z12.nw4.ug2.nb2.pipe6.s8"},     // 5.00 us, best 4.98 (6.02)
+      {16, 1024, 4096, "z12.nw16.ug4.nb2.pipe3.s1"},   // the best, 4.99 us (5.37)
+      {16, 2048, 2048, "z12.nw8.ug4.nb2.pipe4.s1"},    // the best, 4.78 us (4.95)
+      {12, 448, 5632, "z12.nw8.ug1.nb2.pipe4.s4"},     // held out: the best, 5.29 us (5.93)
+      {16, 32, 4096, "z12.nw4.ug2.nb2.pipe6.s8"},      // held out: the best, 3.95 us (4.73)
+      {1, 2048, 4096, "z12.nw16.ug2.nb1.pipe3.s1"},    // held out: the best, 5.40 us (UG 4: 5.47)
       // m = 17..32, NB 3 and 4 (session 7; in parentheses the lexicographic rule before):
       {32, 28672, 4096, "z12.nw4.ug1.nb4.pipe3.s1"},   // the best, 62.43 us (81.73)
       {32, 10240, 8192, "z12.nw4.ug2.nb4.pipe0.s1"},   // the best, 48.47 us (62.50)
@@ -948,6 +959,59 @@ TEST(HeuristicTest, Nb3And4SplitOnlyFromK12288) {
       const KernelConfig c = HeuristicConfig(GemvShape{m, 1024, 16384}, f, 132);
       EXPECT_GT(c.splits, 1) << "m" << m << " 1024x16384: " << c.ToString();
     }
+  }
+}
+
+// The tiniest 12-bit grids (session 8): below K = 8192, where the families do not split, NB 1
+// splits 4 ways on 16 row blocks or fewer from K = 6144 (16 warps, UG 1), NB 2 8 ways on 8 or
+// fewer from K = 4096 (NW 4, UG 2, PIPE 6) and 4 ways on up to 40 from K = 5120 (NW 8, UG 1,
+// PIPE 4), each where that configuration is valid; unsplit grids on few SMs take one trip a warp.
+// Every choice is one of the family kernels, so warm-up and the occupancy tests cover it.
+TEST(HeuristicTest, TiniestGrids) {
+  for (int64_t rows = 16; rows <= 1024; rows += 16) {
+    for (int64_t k = 2048; k < 8192; k += 512) {
+      for (int64_t m : {1, 8, 12, 16}) {
+        const GemvShape shape{m, rows, k};
+        const KernelConfig c = HeuristicConfig(shape, WeightFormat::kZ12, 132);
+        SCOPED_TRACE(absl::StrCat(shape.ToString(), " ", c.ToString()));
+        EXPECT_GT(FamilyCtasPerSm(c), 0) << "not one of HeuristicFamilyKernels()";
+        const int64_t blocks = rows / 16;
+        auto valid = [&](const char* config) {
+          return Validate(KernelConfig::Parse(config).value(), shape).ok();
+        };
+        int splits = 1;
+        if (m <= 8 && blocks <= 16 && k >= 6144 && valid("z12.nw16.ug1.nb1.pipe3.s4")) splits = 4;
+        if (m > 8 && blocks <= 8 && k >= 4096 && valid("z12.nw4.ug2.nb2.pipe6.s8")) {
+          splits = 8;
+        } else if (m > 8 && blocks <= 40 && k >= 5120 && valid("z12.nw8.ug1.nb2.pipe4.s4")) {
+          splits = 4;
+        }
+        EXPECT_EQ(c.splits, splits);
+        if (splits == 4 && m <= 8) EXPECT_EQ(c.KernelName(), "z12.nw16.ug1.nb1.pipe3");
+        if (splits == 8) EXPECT_EQ(c.KernelName(), "z12.nw4.ug2.nb2.pipe6");
+        if (splits == 4 && m > 8) EXPECT_EQ(c.KernelName(), "z12.nw8.ug1.nb2.pipe4");
+        // K = 4096 unsplit on at most half the SMs (NB 1) or one CTA per SM (NB 2): UG 4, one
+        // trip a warp for the one-CTA family of 16 warps.
+        if (k == 4096 && splits == 1 && (m > 8 || blocks * 2 <= 132)) {
+          EXPECT_EQ(c.ug, 4);
+          EXPECT_EQ(c.nw, 16);
+        }
+      }
+    }
+  }
+  // Past the thresholds the families decide as before: NB 1 at 17 row blocks, NB 2 at 41, and
+  // K = 8192 (the families' own split rule).
+  EXPECT_EQ(HeuristicConfig(GemvShape{1, 272, 7168}, WeightFormat::kZ12, 132).splits, 1);
+  EXPECT_EQ(HeuristicConfig(GemvShape{16, 656, 6144}, WeightFormat::kZ12, 132).splits, 1);
+  EXPECT_EQ(HeuristicConfig(GemvShape{16, 128, 8192}, WeightFormat::kZ12, 132).ToString(),
+            "z12.nw8.ug1.nb2.pipe4.s4");  // 8 row blocks: slices of 2048 columns, not 8 ways
+  EXPECT_EQ(HeuristicConfig(GemvShape{1, 128, 8192}, WeightFormat::kZ12, 132).ToString(),
+            "z12.nw16.ug1.nb1.pipe2.s4");
+  // K = 4096 on more than half the SMs at NB 1 keeps two trips a warp (UG 2).
+  EXPECT_EQ(HeuristicConfig(GemvShape{1, 2048, 4096}, WeightFormat::kZ12, 132).ug, 2);
+  // The plain kernel has no tiny splits.
+  for (int64_t m : {1, 16}) {
+    EXPECT_EQ(HeuristicConfig(GemvShape{m, 64, 7168}, WeightFormat::kBf16, 132).splits, 1);
   }
 }
 

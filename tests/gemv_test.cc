@@ -217,6 +217,15 @@ TEST(Gemv, DispatcherChoicesOnRowStarvedShapes) {
       {{1024, 8192}, {768, 9216}, {512, 5120}, {256, 8192}, {128, 32768}, {512, 12288}});
 }
 
+// The tiniest grids (MoE routers and the like): fixed splits below K = 8192, 4 or 8 ways with
+// shares of 12 to 28 groups that NW 4, 8 or 16 warps take unevenly, and one trip a warp unsplit
+// (HeuristicTest.TiniestGrids pins which shape takes which).
+TEST(Gemv, DispatcherChoicesOnTheTiniestGrids) {
+  GEMVZ_REQUIRE_GPU();
+  CheckDispatcherChoices(
+      {{64, 7168}, {48, 6144}, {128, 4096}, {448, 5632}, {256, 7168}, {96, 2048}}, {1, 8, 12, 16});
+}
+
 // m = 17..32 (NB 3 and 4): every kind of choice of the heuristic's NB 3-4 families: the wide
 // one, the mid ones, RB 2 at NB 3 (8192x8192), the one-CTA family (2048x4096, 1024x8192), odd K
 // (4096x11008: uneven shares for the 12-bit kernel, the plain kernel's lexicographic rule at

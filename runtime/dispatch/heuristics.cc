@@ -149,6 +149,18 @@ struct Family {
   std::array<int, 3> ugs;  // in order of preference; 0 ends the list
 };
 
+// A split for the tiniest grids, below the K from which the families split: grids of at most
+// max_row_blocks row blocks with K in [min_k, the family set's split K) run this kernel with S
+// slices (if valid; the warps' shares need not be balanced). s = 0: an unused slot.
+struct TinySplit {
+  int64_t max_row_blocks;
+  int64_t min_k;
+  int s;
+  int nw;
+  int ug;
+  int pipe;
+};
+
 // Split K only from this K on (the default of Families::min_split_k; see Shaped).
 constexpr int64_t kMinSplitK = 8192;
 
@@ -166,6 +178,11 @@ struct Families {
   // Grids split into the narrowest slices (kMinSplitColumns) take a family's UG only with at
   // least this many trips per warp.
   int64_t narrow_split_min_trips = kMinTripsPerWarp;
+  std::array<TinySplit, 2> tiny = {};  // tried in order, before the families
+  // Unsplit grids on at most starved_max_sm_pct of the SMs (one CTA per SM) take a family's UG
+  // with this many trips per warp.
+  int64_t starved_min_trips = kMinTripsPerWarp;
+  int starved_max_sm_pct = 100;
 };
 
 constexpr int kMaxShapedCtasPerSm = 8;
@@ -186,6 +203,18 @@ constexpr Families kZ12Nb1 = {
     {1, 16, 3, {4, 2, 1}},
     4096,
     12288,
+    100,
+    true,
+    kMinTripsPerWarp,
+    // Session 8 (H200, m = 1 and 8, 18 shapes of 64 to 2048 rows and K 2048 to 7168): one trip a
+    // warp for unsplit grids on at most half the SMs (64x4096 to 1024x4096: UG 4 1.5-6.9 %
+    // faster than UG 2; on 1536x4096 and 2048x4096, held out, 0.9-1.4 % slower), and the
+    // smallest grids split 4 ways from K = 6144 (64x7168 4.31 us against 5.14 unsplit, 128x6144
+    // 4.20 against 4.51, 256x7168 4.72 against 5.29; 384x5120 and 512x6144 ran fastest
+    // unsplit).
+    {{{16, 6144, 4, 16, 1, 3}}},
+    1,
+    50,
 };
 // 12-bit, NB 2: fewer, heavier warps (about 90 registers uncapped).
 constexpr Families kZ12Nb2 = {
@@ -208,6 +237,15 @@ constexpr Families kZ12Nb2 = {
     50,
     false,
     4,
+    // Session 8 (H200, m = 16, the same 18 shapes): one trip a warp for unsplit grids of one CTA
+    // per SM at most (UG 4 at K = 2048 and 4096, 1024x4096: 4.99 us against 5.37 for UG 2;
+    // 2048x2048 4.78 against 4.95), and the smallest grids split below K = 8192: 8 ways on 8
+    // row blocks or fewer from K = 4096 (128x6144 5.00 us against 6.02 unsplit, 64x4096 4.20
+    // against 4.75), 4 ways on up to 40 from K = 5120 (384x5120 5.19 against 5.71, 512x6144
+    // 5.54 against 6.25; 640x6144 in session 7: 5.91 against 6.49); at K = 4096 16-32 row blocks
+    // ran as fast or faster unsplit (256x4096 4.70 us against 4.82 split).
+    {{{8, 4096, 8, 4, 2, 6}, {40, 5120, 4, 8, 1, 4}}},
+    1,
 };
 // 12-bit, NB 3 and 4 (m = 17..32), fitted on a sweep of 13 shapes at m = 24 and 32 (session 7,
 // H200, 60-125 configurations each; docs/BENCHMARKS.md, "m = 17 to 32"). Every shape ran
@@ -446,6 +484,15 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
     }
   }
   splits.push_back(1);
+  // The tiniest grids, where the families would not split: a fixed split and kernel.
+  for (const TinySplit& t : fam.tiny) {
+    if (t.s == 0 || row_blocks > t.max_row_blocks || shape.k < t.min_k || shape.k >= min_split_k ||
+        groups % t.s != 0) {
+      continue;
+    }
+    const KernelConfig c{format, t.nw, t.ug, nb, t.pipe, t.s};
+    if (Validate(c, launch, limits).ok()) return c;
+  }
   std::vector<const Family*> mid;
   for (const Family& f : fam.mid) {
     if (f.ctas_per_sm > 0) mid.push_back(&f);
@@ -486,11 +533,18 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
     // H200 the preferred UG's uneven shares beat a later UG's equal ones (3584x18944 at m = 16:
     // z12.nw8.ug4.nb2.pipe4 28.93 us, z12.nw8.ug1.nb2.pipe4 30.30; at m = 1 UG 2 26.06, UG 1
     // 26.27; 4096x11008 at m = 1: 18.02 against 17.99).
+    const int64_t min_trips =
+        s == 1 && row_blocks * 100 <= int64_t{sm_count} * fam.starved_max_sm_pct
+            ? fam.starved_min_trips
+            : kMinTripsPerWarp;
     for (const Family* f : order) {
       for (int ug : f->ugs) {
         if (ug == 0) break;
         const KernelConfig c{format, f->nw, ug, nb, f->pipe, s};
-        if (!Validate(c, launch, limits).ok() || !LongAndBalanced(groups, c)) continue;
+        if (!Validate(c, launch, limits).ok() || MinTripsPerWarp(groups, c) < min_trips ||
+            !Balanced(groups, c)) {
+          continue;
+        }
         if (s > 1 && shape.k / s <= kMinSplitColumns &&
             MinTripsPerWarp(groups, c) < fam.narrow_split_min_trips) {
           continue;
