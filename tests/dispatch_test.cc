@@ -907,7 +907,7 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {16, 896, 8192, "z12.nw8.ug1.nb2.pipe4.s4"},     // the best, 7.30 us (UG 2: 8.19)
       {12, 1024, 8192, "z12.nw8.ug1.nb2.pipe4.s4"},    // 7.44 us, best 7.42 (UG 2: 8.38)
       {16, 256, 32768, "z12.nw8.ug4.nb2.pipe4.s8"},    // the best, 8.13 us (wider slices keep UG 4)
-      {16, 1024, 6144, "z12.nw16.ug2.nb2.pipe3.s1"},   // 6.76 us, best 6.33 (wide family: 7.11)
+      {16, 1024, 6144, "z12.nw12.ug4.nb2.pipe3.s1"},   // the best, 6.22 us (session 7's 6.55)
       {16, 512, 6144, "z12.nw8.ug1.nb2.pipe4.s4"},     // the best, 5.54 us (session 7's 6.25)
       {16, 2048, 8192, "z12.nw8.ug4.nb2.pipe4.s1"},    // the best, 10.29 us (one CTA: 10.96)
       // The tiniest grids (session 8, m = 1, 8, 16; in parentheses the rule before): one trip a
@@ -921,6 +921,8 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {12, 448, 5632, "z12.nw8.ug1.nb2.pipe4.s4"},     // held out: the best, 5.29 us (5.93)
       {16, 32, 4096, "z12.nw4.ug2.nb2.pipe6.s8"},      // held out: the best, 3.95 us (4.73)
       {1, 2048, 4096, "z12.nw16.ug2.nb1.pipe3.s1"},    // held out: the best, 5.40 us (UG 4: 5.47)
+      {16, 768, 5120, "z12.nw12.ug4.nb2.pipe3.s1"},    // the best, 5.71 us (NW 16, UG 1: 6.18)
+      {16, 768, 3072, "z12.nw12.ug4.nb2.pipe3.s1"},    // the best, 4.30 us (the wide family: 4.68)
       // m = 17..32, NB 3 and 4 (session 7; in parentheses the lexicographic rule before):
       {32, 28672, 4096, "z12.nw4.ug1.nb4.pipe3.s1"},   // the best, 62.43 us (81.73)
       {32, 10240, 8192, "z12.nw4.ug2.nb4.pipe0.s1"},   // the best, 48.47 us (62.50)
@@ -965,7 +967,8 @@ TEST(HeuristicTest, Nb3And4SplitOnlyFromK12288) {
 // The tiniest 12-bit grids (session 8): below K = 8192, where the families do not split, NB 1
 // splits 4 ways on 16 row blocks or fewer from K = 6144 (16 warps, UG 1), NB 2 8 ways on 8 or
 // fewer from K = 4096 (NW 4, UG 2, PIPE 6) and 4 ways on up to 40 from K = 5120 (NW 8, UG 1,
-// PIPE 4), each where that configuration is valid; unsplit grids on few SMs take one trip a warp.
+// PIPE 4), each where that configuration is valid; unsplit grids on few SMs take one trip a warp,
+// at NB 2 with 16 or 12 warps, whichever gives the busiest warp fewer trips.
 // Every choice is one of the family kernels, so warm-up and the occupancy tests cover it.
 TEST(HeuristicTest, TiniestGrids) {
   for (int64_t rows = 16; rows <= 1024; rows += 16) {
@@ -995,6 +998,11 @@ TEST(HeuristicTest, TiniestGrids) {
         if (k == 4096 && splits == 1 && (m > 8 || blocks * 2 <= 132)) {
           EXPECT_EQ(c.ug, 4);
           EXPECT_EQ(c.nw, 16);
+        }
+        // NB 2's one-CTA grids (at most half the SMs) whose K 16 warps share in more trips or
+        // less evenly than 12 warps of UG 4: one or two trips each.
+        if (m > 8 && splits == 1 && blocks * 2 <= 132 && (k == 3072 || k == 5120 || k == 6144)) {
+          EXPECT_EQ(c.KernelName(), "z12.nw12.ug4.nb2.pipe3");
         }
       }
     }

@@ -183,6 +183,10 @@ struct Families {
   // with this many trips per warp.
   int64_t starved_min_trips = kMinTripsPerWarp;
   int starved_max_sm_pct = 100;
+  // If set: unsplit grids that the single family takes run, of its kernels and these (another
+  // warp count, also one CTA per SM), the one whose busiest warp takes the fewest trips, then
+  // the one whose shares are the most even (UGs in their order; single first).
+  Family single_alt = {};
 };
 
 constexpr int kMaxShapedCtasPerSm = 8;
@@ -232,7 +236,7 @@ constexpr Families kZ12Nb2 = {
     // UG 2 8.80; 768x8192 7.13 against 8.03); wider ones keep two (256x32768 split 8 ways: UG 4
     // 8.13 us, UG 2 8.40).
     {1, 16, 3, {4, 2, 1}},
-    4096,
+    3072,
     kMinSplitK,
     50,
     false,
@@ -246,6 +250,11 @@ constexpr Families kZ12Nb2 = {
     // ran as fast or faster unsplit (256x4096 4.70 us against 4.82 split).
     {{{8, 4096, 8, 4, 2, 6}, {40, 5120, 4, 8, 1, 4}}},
     1,
+    100,
+    // Session 8: NW 12 with UG 4 takes K that 16 warps share unevenly or in more trips (768x5120
+    // at m = 16: 5.71 us against 6.18 for NW 16 with UG 1; 1024x6144 6.22 against 6.55 for UG 2;
+    // 768x3072 4.30 against 4.68 for the wide family, which K = 3072 went to before).
+    {1, 12, 3, {4, 0, 0}},
 };
 // 12-bit, NB 3 and 4 (m = 17..32), fitted on a sweep of 13 shapes at m = 24 and 32 (session 7,
 // H200, 60-125 configurations each; docs/BENCHMARKS.md, "m = 17 to 32"). Every shape ran
@@ -363,8 +372,8 @@ const Families* FamiliesFor(WeightFormat format, int nb) {
 
 // A kernel that two families share must be counted with the same CTAs per SM.
 constexpr bool FamiliesCountAlike(const Families& fam) {
-  const Family* all[] = {&fam.wide,   &fam.mid[0], &fam.mid[1], &fam.mid[2],
-                         &fam.mid[3], &fam.mid[4], &fam.many,   &fam.single};
+  const Family* all[] = {&fam.wide,   &fam.mid[0], &fam.mid[1], &fam.mid[2],     &fam.mid[3],
+                         &fam.mid[4], &fam.many,   &fam.single, &fam.single_alt};
   for (const Family* a : all) {
     for (const Family* b : all) {
       if (a->nw != b->nw || a->pipe != b->pipe || a->ctas_per_sm == b->ctas_per_sm) continue;
@@ -382,6 +391,9 @@ constexpr bool FamiliesCountAlike(const Families& fam) {
 // fits the wide family), empty slots last.
 constexpr bool FamiliesAscend(const Families& fam) {
   if (fam.single.ctas_per_sm != 0 && fam.single.ctas_per_sm >= fam.wide.ctas_per_sm) return false;
+  if (fam.single_alt.ctas_per_sm != 0 && fam.single_alt.ctas_per_sm != fam.single.ctas_per_sm) {
+    return false;
+  }
   int last = fam.wide.ctas_per_sm;
   bool empty_seen = false;
   for (const Family& f : fam.mid) {
@@ -457,6 +469,37 @@ std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int nb, int sm
   return std::nullopt;
 }
 
+// Of the single family's kernels and single_alt's (unsplit), the valid one with at least
+// `min_trips` trips per warp whose busiest warp takes the fewest trips, then the one whose shares
+// are the most even (the busiest warp against the mean), then single's before single_alt's, each
+// family's UGs in their order.
+std::optional<KernelConfig> FewestTrips(const Families& fam, const GemvShape& launch, int nb,
+                                        int64_t min_trips) {
+  const int64_t groups = launch.k / 64;
+  std::optional<KernelConfig> best;
+  std::tuple<int64_t, double, int, int> best_score;
+  const Family* both[] = {&fam.single, &fam.single_alt};
+  for (int which = 0; which < 2; ++which) {
+    const Family& f = *both[which];
+    for (int i = 0; i < static_cast<int>(f.ugs.size()) && f.ugs[i] != 0; ++i) {
+      const KernelConfig c{WeightFormat::kZ12, f.nw, f.ugs[i], nb, f.pipe, 1};
+      if (!Validate(c, launch, DefaultDeviceLimits()).ok() ||
+          MinTripsPerWarp(groups, c) < min_trips) {
+        continue;
+      }
+      const int64_t trips = groups / c.ug;  // the slice's trips, shared by NW warps
+      const int64_t busiest = (trips + c.nw - 1) / c.nw;
+      const std::tuple<int64_t, double, int, int> score{
+          busiest, static_cast<double>(busiest * c.nw) / static_cast<double>(trips), which, i};
+      if (!best || score < best_score) {
+        best = c;
+        best_score = score;
+      }
+    }
+  }
+  return best;
+}
+
 std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, int nb,
                                    int sm_count, bool allow_rb2) {
   const Families* families = FamiliesFor(format, nb);
@@ -522,21 +565,33 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       order.insert(order.end(), by_fill.begin(), by_fill.end());
       order.push_back(&fam.wide);
     }
+    // Trips per warp a family's UG needs (fewer for the starved grids of some family sets).
+    const int64_t min_trips =
+        s == 1 && row_blocks * 100 <= int64_t{sm_count} * fam.starved_max_sm_pct
+            ? fam.starved_min_trips
+            : kMinTripsPerWarp;
     // Grids of one CTA per SM at most take the single family first, if each CTA's share of K is
     // long enough and the grid leaves enough SMs idle.
     if (fam.single.ctas_per_sm > 0 && need <= fam.single.ctas_per_sm &&
         (s == 1 || fam.single_split) && shape.k / s >= fam.single_min_k &&
         row_blocks * s * 100 <= int64_t{sm_count} * fam.single_max_sm_pct) {
+      if (s == 1 && fam.single_alt.ctas_per_sm > 0) {
+        if (std::optional<KernelConfig> c = FewestTrips(fam, launch, nb, min_trips)) {
+          if (allow_rb2 && format == WeightFormat::kZ12) {
+            if (std::optional<KernelConfig> r =
+                    TwoRowBlocks(launch, nb, sm_count, fam.single.ctas_per_sm)) {
+              return r;
+            }
+          }
+          return c;
+        }
+      }
       order.insert(order.begin(), &fam.single);
     }
     // A family's UGs in its order of preference, equal shares or balanced ones alike: on the
     // H200 the preferred UG's uneven shares beat a later UG's equal ones (3584x18944 at m = 16:
     // z12.nw8.ug4.nb2.pipe4 28.93 us, z12.nw8.ug1.nb2.pipe4 30.30; at m = 1 UG 2 26.06, UG 1
     // 26.27; 4096x11008 at m = 1: 18.02 against 17.99).
-    const int64_t min_trips =
-        s == 1 && row_blocks * 100 <= int64_t{sm_count} * fam.starved_max_sm_pct
-            ? fam.starved_min_trips
-            : kMinTripsPerWarp;
     for (const Family* f : order) {
       for (int ug : f->ugs) {
         if (ug == 0) break;
@@ -577,6 +632,7 @@ std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
         if (f.ctas_per_sm > 0) all.push_back(&f);
       }
       if (fam.single.ctas_per_sm > 0) all.push_back(&fam.single);
+      if (fam.single_alt.ctas_per_sm > 0) all.push_back(&fam.single_alt);
       for (const Family* f : all) {
         for (int ug : f->ugs) {
           if (ug == 0) break;
