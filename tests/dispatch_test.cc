@@ -923,6 +923,18 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {1, 2048, 4096, "z12.nw16.ug2.nb1.pipe3.s1"},    // held out: the best, 5.40 us (UG 4: 5.47)
       {16, 768, 5120, "z12.nw12.ug4.nb2.pipe3.s1"},    // the best, 5.71 us (NW 16, UG 1: 6.18)
       {16, 768, 3072, "z12.nw12.ug4.nb2.pipe3.s1"},    // the best, 4.30 us (the wide family: 4.68)
+      // K below 8192 that no family takes (small models' hidden sizes; session 8, in parentheses
+      // the lexicographic rule's choice, which split K or ran one warp per CTA):
+      {1, 1600, 960, "z12.nw8.ug1.nb1.pipe3.s1"},     // 3.03 us, best 2.96 (NW 1, S = 3: 5.39)
+      {1, 3568, 960, "z12.nw8.ug1.nb1.pipe3.s1"},     // 3.85 us, best 3.58 (NW 1, S = 3: 6.06)
+      {1, 1152, 896, "z12.nw2.ug1.nb1.pipe3.s1"},     // 4.17 us, best 4.12 (NW 1, S = 2: 5.59)
+      {1, 3072, 768, "z12.nw12.ug1.nb1.pipe3.s1"},    // 3.41 us, best 3.25 (NW 2, S = 2: 4.88)
+      {1, 4192, 1344, "z12.nw2.ug1.nb1.pipe3.s1"},    // the best, 6.34 us (NW 1, S = 3: 7.08)
+      // RB 2 only where its grid gives every SM a CTA (before: RB 2 on 64 and 50 CTAs):
+      {16, 2048, 768, "z12.nw4.ug1.nb2.pipe6.s1"},    // 3.73 us, best 3.56 (RB 2: 4.53)
+      {16, 1600, 960, "z12.nw4.ug1.nb2.pipe6.s1"},    // 4.10 us, best 3.59 (RB 2: 5.01)
+      // One trip a warp only from K = 2048:
+      {16, 2048, 1024, "z12.nw8.ug1.nb2.pipe4.s1"},   // 3.91 us, best 3.77 (UG 2, one trip: 4.06)
       // m = 17..32, NB 3 and 4 (session 7; in parentheses the lexicographic rule before):
       {32, 28672, 4096, "z12.nw4.ug1.nb4.pipe3.s1"},   // the best, 62.43 us (81.73)
       {32, 10240, 8192, "z12.nw4.ug2.nb4.pipe0.s1"},   // the best, 48.47 us (62.50)
@@ -1020,6 +1032,23 @@ TEST(HeuristicTest, TiniestGrids) {
   // The plain kernel has no tiny splits.
   for (int64_t m : {1, 16}) {
     EXPECT_EQ(HeuristicConfig(GemvShape{m, 64, 7168}, WeightFormat::kBf16, 132).splits, 1);
+  }
+}
+
+// Short K (below 8192) in the 12-bit format never splits but for the tiniest grids' fixed splits,
+// and RB 2 is taken only where its N/32 CTAs give every SM one.
+TEST(HeuristicTest, ShortKDoesNotSplitAndRb2FillsTheGpu) {
+  const uint64_t seed = Seed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < 3000; ++i) {
+    const GemvShape shape{1 + static_cast<int64_t>(rng() % 32),
+                          16 * (1 + static_cast<int64_t>(rng() % 3000)),
+                          64 * (1 + static_cast<int64_t>(rng() % 127))};
+    const KernelConfig c = HeuristicConfig(shape, WeightFormat::kZ12, 132);
+    SCOPED_TRACE(absl::StrCat(shape.ToString(), " ", c.ToString()));
+    if (shape.n > 640) EXPECT_EQ(c.splits, 1);
+    if (c.rb == 2) EXPECT_GE(shape.n / 32, 132);
   }
 }
 

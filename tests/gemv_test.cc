@@ -217,6 +217,13 @@ TEST(Gemv, DispatcherChoicesOnRowStarvedShapes) {
       {{1024, 8192}, {768, 9216}, {512, 5120}, {256, 8192}, {128, 32768}, {512, 12288}});
 }
 
+// Short K that no family takes (small models' hidden sizes: 960, 896, 768, 576): the 12-bit
+// fallback's unsplit NW 2, 8 or 12 with uneven shares, and RB 1 where RB 2 would leave SMs idle.
+TEST(Gemv, DispatcherChoicesOnShortK) {
+  GEMVZ_REQUIRE_GPU();
+  CheckDispatcherChoices({{1600, 960}, {1152, 896}, {3072, 768}, {2048, 768}, {960, 576}});
+}
+
 // The tiniest grids (MoE routers and the like): fixed splits below K = 8192, 4 or 8 ways with
 // shares of 12 to 28 groups that NW 4, 8 or 16 warps take unevenly, and one trip a warp unsplit
 // (HeuristicTest.TiniestGrids pins which shape takes which).

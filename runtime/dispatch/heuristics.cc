@@ -41,6 +41,11 @@ constexpr int64_t kMinTripsPerWarp = 2;
 constexpr int64_t kTargetWavesOfCtas = 2;
 
 constexpr std::array<int, 6> kSplits = {1, 2, 3, 4, 6, 8};
+// Split K only from this K on (the default of Families::min_split_k; see Shaped); the 12-bit
+// fallback for shorter K does not split either (ShortKFallback).
+constexpr int64_t kMinSplitK = 8192;
+// Families::starved_min_trips applies from this K on.
+constexpr int64_t kStarvedMinK = 2048;
 
 // The loop trips of the warp with the fewest: the 12-bit kernel's warps share a K slice's trips of
 // UG groups as evenly as whole trips go (kernel_sources/k_range.cuh).
@@ -86,10 +91,48 @@ int PipeFor(WeightFormat format, int nw, int ug, int nb) {
   return format == WeightFormat::kZ12 && ug == 1 && nb == 1 ? 2 : 0;
 }
 
+// Warps in flight worth aiming for with short K: about 16 per SM.
+constexpr int64_t kTargetWarpsPerSm = 16;
+
+// The 12-bit fallback for K below kMinSplitK that no family takes (few groups, or a count that
+// NW 8 and 16 share unevenly): unsplit, the measured warp counts only, the most streaming warps
+// over the grid (up to kTargetWarpsPerSm per SM) among balanced shares, one trip a warp being
+// enough. On the H200 (session 8, m = 1) the lexicographic rule's choices split K or ran one warp
+// per CTA: 3568x960 (15 groups) 6.06 us (NW 1, S = 3) against 3.85 for NW 8 with uneven shares;
+// 1600x960 5.39 against 3.03; 4192x1344 (21 groups) 7.08 against 6.34 for NW 2; 1152x896 (14)
+// 5.59 against 4.17; 1776x576 (9) 4.72 against 3.63 for NW 2; 2048x768 (12) 4.56 against 3.08
+// for NW 12 (the best, NW 6 with UG 2: 2.90).
+std::optional<KernelConfig> ShortKFallback(const GemvShape& launch, int nb, int sm_count) {
+  const int64_t row_blocks = launch.n / 16;
+  const int64_t groups = launch.k / 64;
+  const int64_t target_warps = kTargetWarpsPerSm * sm_count;
+  using Score = std::tuple<int64_t, int, int, int>;
+  std::optional<Score> best_score;
+  std::optional<KernelConfig> best;
+  for (int nw : {16, 12, 8, 6, 4, 2, 1}) {
+    if (nw < nb) continue;
+    for (int ug : kUgPreference) {
+      const KernelConfig c{WeightFormat::kZ12, nw, ug, nb, PipeFor(WeightFormat::kZ12, nw, ug, nb),
+                           1};
+      if (!Validate(c, launch, DefaultDeviceLimits()).ok() || !Balanced(groups, c)) continue;
+      const Score score{-std::min(row_blocks * nw, target_warps), EvenShares(groups, c) ? 0 : 1,
+                        WarpRank(nw, false), UgRank(ug)};
+      if (!best_score || score < *best_score) {
+        best_score = score;
+        best = c;
+      }
+    }
+  }
+  return best;
+}
+
 // The best valid configuration with exactly `nb` token blocks, if there is one.
 std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFormat format, int nb,
                                                 int sm_count) {
   const GemvShape launch{std::min<int64_t>(shape.m, 8 * nb), shape.n, shape.k};
+  if (format == WeightFormat::kZ12 && shape.k < kMinSplitK) {
+    if (std::optional<KernelConfig> c = ShortKFallback(launch, nb, sm_count)) return c;
+  }
   const DeviceLimits limits = DefaultDeviceLimits();
   const int64_t row_blocks = shape.n / 16;
   const int64_t groups = shape.k / 64;
@@ -161,8 +204,6 @@ struct TinySplit {
   int pipe;
 };
 
-// Split K only from this K on (the default of Families::min_split_k; see Shaped).
-constexpr int64_t kMinSplitK = 8192;
 
 struct Families {
   Family wide;                // grids of at most wide.ctas_per_sm CTAs per SM: the most warps
@@ -448,7 +489,10 @@ std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int nb, int sm
                                          int rb1_ctas_per_sm) {
   const int64_t row_blocks = launch.n / 16;
   const int64_t groups = launch.k / 64;
-  if (row_blocks % 2 != 0) return std::nullopt;
+  // Half the CTAs of a grid that leaves SMs idle run slower (2048x768 at m = 16 on the H200: 64
+  // CTAs of z12.nw4.ug1.nb2.pipe3.rb2 4.53 us, 128 of its RB 1 kernel 3.73), so RB 2 only where
+  // its grid gives every SM a CTA.
+  if (row_blocks % 2 != 0 || row_blocks / 2 < sm_count) return std::nullopt;
   const auto fill_of = [&](int64_t ctas, int ctas_per_sm) {
     return nb == 2 ? WaveFill((ctas + sm_count - 1) / sm_count, ctas_per_sm)
                    : GridFill(ctas, ctas_per_sm, sm_count);
@@ -565,9 +609,12 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       order.insert(order.end(), by_fill.begin(), by_fill.end());
       order.push_back(&fam.wide);
     }
-    // Trips per warp a family's UG needs (fewer for the starved grids of some family sets).
+    // Trips per warp a family's UG needs: fewer for the starved grids of some family sets, from
+    // K = 2048 (at K = 1024 one trip was slower on the H200: 2048x1024 at m = 16 with UG 2 4.06
+    // us, UG 1 and two trips 3.91).
     const int64_t min_trips =
-        s == 1 && row_blocks * 100 <= int64_t{sm_count} * fam.starved_max_sm_pct
+        s == 1 && shape.k >= kStarvedMinK &&
+                row_blocks * 100 <= int64_t{sm_count} * fam.starved_max_sm_pct
             ? fam.starved_min_trips
             : kMinTripsPerWarp;
     // Grids of one CTA per SM at most take the single family first, if each CTA's share of K is
