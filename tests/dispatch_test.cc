@@ -923,6 +923,7 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {1, 2048, 4096, "z12.nw16.ug2.nb1.pipe3.s1"},    // held out: the best, 5.40 us (UG 4: 5.47)
       {16, 768, 5120, "z12.nw12.ug4.nb2.pipe3.s1"},    // the best, 5.71 us (NW 16, UG 1: 6.18)
       {16, 768, 3072, "z12.nw12.ug4.nb2.pipe3.s1"},    // the best, 4.30 us (the wide family: 4.68)
+      {16, 896, 4864, "z12.nw12.ug4.nb2.pipe3.s1"},    // held out: the best of 5, 5.52 (UG 1: 5.95)
       // K below 8192 that no family takes (small models' hidden sizes; session 8, in parentheses
       // the lexicographic rule's choice, which split K or ran one warp per CTA):
       {1, 1600, 960, "z12.nw8.ug1.nb1.pipe3.s1"},     // 3.03 us, best 2.96 (NW 1, S = 3: 5.39)
