@@ -210,27 +210,38 @@ TEST(Gemv, DispatcherChoicesOnOddK) {
 
 // Row-starved shapes, where the heuristic's one-CTA-per-SM family and its split rules take over
 // (16 warps, UG 4/2/1, split 4, 6 or 8 ways or not; K / 64 = 80 and 144 leave only some UGs
-// balanced).
+// balanced; 512x5120 at m = 16 takes the tiniest grids' fixed split).
 TEST(Gemv, DispatcherChoicesOnRowStarvedShapes) {
   GEMVZ_REQUIRE_GPU();
   CheckDispatcherChoices(
       {{1024, 8192}, {768, 9216}, {512, 5120}, {256, 8192}, {128, 32768}, {512, 12288}});
 }
 
-// Short K that no family takes (small models' hidden sizes: 960, 896, 768, 576): the 12-bit
-// fallback's unsplit NW 2, 8 or 12 with uneven shares, and RB 1 where RB 2 would leave SMs idle.
+// Short K that no family takes (small models' hidden sizes: 960, 896, 768, 576): at m = 1 and 8
+// the 12-bit fallback's unsplit NW 8 with uneven shares (960), NW 2 (896, 576) and NW 12 (768);
+// at m = 16 NW 2 (896, 576) or the families' NW 4 kernel (960, 768), RB 1 where RB 2 would leave
+// SMs idle (2048x768).
 TEST(Gemv, DispatcherChoicesOnShortK) {
   GEMVZ_REQUIRE_GPU();
   CheckDispatcherChoices({{1600, 960}, {1152, 896}, {3072, 768}, {2048, 768}, {960, 576}});
 }
 
 // The tiniest grids (MoE routers and the like): fixed splits below K = 8192, 4 or 8 ways with
-// shares of 12 to 28 groups that NW 4, 8 or 16 warps take unevenly, and one trip a warp unsplit
-// (HeuristicTest.TiniestGrids pins which shape takes which).
+// slices of 8 to 28 groups, some of which NW 4, 8 or 16 warps take unevenly; one trip a warp
+// unsplit; and NB 2's one-CTA choice of NW 12 with UG 4, on even (768x5120) and uneven shares
+// (896x4864, the busiest warp 1.26x the mean). HeuristicTest.TiniestGrids pins which shape takes
+// which.
 TEST(Gemv, DispatcherChoicesOnTheTiniestGrids) {
   GEMVZ_REQUIRE_GPU();
-  CheckDispatcherChoices(
-      {{64, 7168}, {48, 6144}, {128, 4096}, {448, 5632}, {256, 7168}, {96, 2048}}, {1, 8, 12, 16});
+  CheckDispatcherChoices({{64, 7168},
+                          {48, 6144},
+                          {128, 4096},
+                          {448, 5632},
+                          {256, 7168},
+                          {96, 2048},
+                          {768, 5120},
+                          {896, 4864}},
+                         {1, 8, 12, 16});
 }
 
 // m = 17..32 (NB 3 and 4): every kind of choice of the heuristic's NB 3-4 families: the wide

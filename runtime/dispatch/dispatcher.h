@@ -24,14 +24,21 @@ int TokenBlocksFor(int64_t m);
 // The 12-bit kernel's warps share a K slice's trips of UG groups as evenly as whole trips go
 // (kernel_sources/k_range.cuh). For a configuration that Validate accepts for K = 64 * groups:
 // EvenShares: every warp the same trips;
-// Balanced: the busiest warp's trips within kMaxWarpImbalance of the mean (its CTA waits for it),
-// which the heuristic and the sweep ask of every configuration; equal shares are balanced.
+// Balanced: the busiest warp's trips within `max_imbalance` of the mean (its CTA waits for it),
+// by default kMaxWarpImbalance, which the sweep and the heuristic ask of configurations (the
+// heuristic allows kMaxShortWarpImbalance for NB 2's one-CTA grids, up to 1.6 for the tiniest
+// grids' fixed splits, and unbalanced shares as a last resort); equal shares are balanced.
 // An eighth, not a tenth: on the H200 1024x11008 (43 trips per K slice at S = 4) ran 12-13 %
 // faster with NW 8 at S = 4 (1.116) than with what a tenth left (S = 2 at m = 1, NW 4 at m = 16),
 // while 4096x11008 at m = 16 lost 1.5 % (UG 4 at 1.116 over UG 2 at 1.023).
 inline constexpr double kMaxWarpImbalance = 1.125;
+// NB 2's one-CTA choice between 16 and 12 warps (session 8): with one to five trips a warp, a
+// trip fewer counted for more than even shares on the H200 (768x5120 at m = 16: NW 12, busiest
+// warp 1.2x the mean, 5.71 us against 6.18 for NW 16's even five trips; 896x4864 at 1.26x, 5.52
+// against 5.95).
+inline constexpr double kMaxShortWarpImbalance = 4.0 / 3.0;
 bool EvenShares(int64_t groups, const KernelConfig& c);
-bool Balanced(int64_t groups, const KernelConfig& c);
+bool Balanced(int64_t groups, const KernelConfig& c, double max_imbalance = kMaxWarpImbalance);
 
 // Every kernel the heuristic's shaped rule (NB 1 to 4, both formats) may pick, with the CTAs
 // per SM that the rule counts on it holding (S = 1; HeuristicTest checks registers against it,

@@ -24,10 +24,11 @@ bool EvenShares(int64_t groups, const KernelConfig& c) {
 }
 
 // 4096x11008's 172 groups over NW 16 give 11 trips against a mean of 10.75: balanced.
-bool Balanced(int64_t groups, const KernelConfig& c) {
+bool Balanced(int64_t groups, const KernelConfig& c, double max_imbalance) {
   const int64_t trips = groups / (int64_t{c.splits} * c.ug);  // per K slice
   const int64_t busiest = (trips + c.nw - 1) / c.nw;
-  return static_cast<double>(busiest * c.nw) <= kMaxWarpImbalance * static_cast<double>(trips);
+  // (The slack keeps a ratio such as 4/3, 8 trips over a mean of 6, on the right side of rounding.)
+  return static_cast<double>(busiest * c.nw) <= max_imbalance * static_cast<double>(trips) + 1e-9;
 }
 
 }  // namespace internal
@@ -41,8 +42,9 @@ constexpr int64_t kMinTripsPerWarp = 2;
 constexpr int64_t kTargetWavesOfCtas = 2;
 
 constexpr std::array<int, 6> kSplits = {1, 2, 3, 4, 6, 8};
-// Split K only from this K on (the default of Families::min_split_k; see Shaped); the 12-bit
-// fallback for shorter K does not split either (ShortKFallback).
+// The families split K only from this K on (the default of Families::min_split_k; see Shaped);
+// below it only the tiniest grids' fixed splits do (Families::tiny), and the 12-bit fallback for
+// shorter K does not (ShortKFallback).
 constexpr int64_t kMinSplitK = 8192;
 // Families::starved_min_trips applies from this K on.
 constexpr int64_t kStarvedMinK = 2048;
@@ -55,9 +57,10 @@ int64_t MinTripsPerWarp(int64_t groups, const KernelConfig& c) {
 
 using internal::Balanced;
 using internal::EvenShares;
+using internal::kMaxShortWarpImbalance;
 
-// What the shaped rules take of a valid configuration: loops of kMinTripsPerWarp trips or more,
-// and shares of K that are balanced (equal shares are).
+// What the RB 2 step takes of a valid configuration: loops of kMinTripsPerWarp trips or more, and
+// shares of K that are balanced (equal shares are).
 bool LongAndBalanced(int64_t groups, const KernelConfig& c) {
   return MinTripsPerWarp(groups, c) >= kMinTripsPerWarp && Balanced(groups, c);
 }
@@ -112,8 +115,8 @@ std::optional<KernelConfig> ShortKFallback(const GemvShape& launch, int nb, int 
   for (int nw : {16, 12, 8, 6, 4, 2, 1}) {
     if (nw < nb) continue;
     for (int ug : kUgPreference) {
-      const KernelConfig c{WeightFormat::kZ12, nw, ug, nb, PipeFor(WeightFormat::kZ12, nw, ug, nb),
-                           1};
+      const KernelConfig c{
+          WeightFormat::kZ12, nw, ug, nb, PipeFor(WeightFormat::kZ12, nw, ug, nb), 1};
       if (!Validate(c, launch, DefaultDeviceLimits()).ok() || !Balanced(groups, c)) continue;
       const Score score{-std::min(row_blocks * nw, target_warps), EvenShares(groups, c) ? 0 : 1,
                         WarpRank(nw, false), UgRank(ug)};
@@ -130,7 +133,8 @@ std::optional<KernelConfig> ShortKFallback(const GemvShape& launch, int nb, int 
 std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFormat format, int nb,
                                                 int sm_count) {
   const GemvShape launch{std::min<int64_t>(shape.m, 8 * nb), shape.n, shape.k};
-  if (format == WeightFormat::kZ12 && shape.k < kMinSplitK) {
+  // (Measured at NB 1 and 2 only.)
+  if (format == WeightFormat::kZ12 && shape.k < kMinSplitK && nb <= 2) {
     if (std::optional<KernelConfig> c = ShortKFallback(launch, nb, sm_count)) return c;
   }
   const DeviceLimits limits = DefaultDeviceLimits();
@@ -193,8 +197,10 @@ struct Family {
 };
 
 // A split for the tiniest grids, below the K from which the families split: grids of at most
-// max_row_blocks row blocks with K in [min_k, the family set's split K) run this kernel with S
-// slices (if valid; the warps' shares need not be balanced). s = 0: an unused slot.
+// max_row_blocks row blocks (on 132 SMs; scaled with the SM count) with K in [min_k, kMinSplitK)
+// run this kernel with S slices, if it is valid. Its shares need not be balanced: for the K each
+// entry takes, the busiest warp stays within 1.6x the mean (two trips against 1.25), and at 1.6x
+// on 112x5120 (NW 4, UG 2, S = 8) it was the fastest measured. s = 0: an unused slot.
 struct TinySplit {
   int64_t max_row_blocks;
   int64_t min_k;
@@ -203,7 +209,6 @@ struct TinySplit {
   int ug;
   int pipe;
 };
-
 
 struct Families {
   Family wide;                // grids of at most wide.ctas_per_sm CTAs per SM: the most warps
@@ -220,13 +225,14 @@ struct Families {
   // least this many trips per warp.
   int64_t narrow_split_min_trips = kMinTripsPerWarp;
   std::array<TinySplit, 2> tiny = {};  // tried in order, before the families
-  // Unsplit grids on at most starved_max_sm_pct of the SMs (one CTA per SM) take a family's UG
-  // with this many trips per warp.
+  // Unsplit grids on at most starved_max_sm_pct of the SMs (100: one CTA per SM) with K of at
+  // least kStarvedMinK take a family's UG with this many trips per warp.
   int64_t starved_min_trips = kMinTripsPerWarp;
   int starved_max_sm_pct = 100;
   // If set: unsplit grids that the single family takes run, of its kernels and these (another
   // warp count, also one CTA per SM), the one whose busiest warp takes the fewest trips, then
-  // the one whose shares are the most even (UGs in their order; single first).
+  // the one whose shares are the most even (UGs in their order; single first), shares within
+  // kMaxShortWarpImbalance rather than kMaxWarpImbalance (FewestTrips).
   Family single_alt = {};
 };
 
@@ -517,8 +523,8 @@ std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int nb, int sm
 // `min_trips` trips per warp whose busiest warp takes the fewest trips, then the one whose shares
 // are the most even (the busiest warp against the mean), then single's before single_alt's, each
 // family's UGs in their order.
-std::optional<KernelConfig> FewestTrips(const Families& fam, const GemvShape& launch, int nb,
-                                        int64_t min_trips) {
+std::optional<KernelConfig> FewestTrips(const Families& fam, WeightFormat format,
+                                        const GemvShape& launch, int nb, int64_t min_trips) {
   const int64_t groups = launch.k / 64;
   std::optional<KernelConfig> best;
   std::tuple<int64_t, double, int, int> best_score;
@@ -526,9 +532,9 @@ std::optional<KernelConfig> FewestTrips(const Families& fam, const GemvShape& la
   for (int which = 0; which < 2; ++which) {
     const Family& f = *both[which];
     for (int i = 0; i < static_cast<int>(f.ugs.size()) && f.ugs[i] != 0; ++i) {
-      const KernelConfig c{WeightFormat::kZ12, f.nw, f.ugs[i], nb, f.pipe, 1};
+      const KernelConfig c{format, f.nw, f.ugs[i], nb, f.pipe, 1};
       if (!Validate(c, launch, DefaultDeviceLimits()).ok() ||
-          MinTripsPerWarp(groups, c) < min_trips) {
+          MinTripsPerWarp(groups, c) < min_trips || !Balanced(groups, c, kMaxShortWarpImbalance)) {
         continue;
       }
       const int64_t trips = groups / c.ug;  // the slice's trips, shared by NW warps
@@ -571,10 +577,11 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
     }
   }
   splits.push_back(1);
-  // The tiniest grids, where the families would not split: a fixed split and kernel.
+  // The tiniest grids, where the families would not split: a fixed split and kernel (thresholds
+  // measured on 132 SMs, scaled with the SM count; only grids that leave SMs idle).
   for (const TinySplit& t : fam.tiny) {
-    if (t.s == 0 || row_blocks > t.max_row_blocks || shape.k < t.min_k || shape.k >= min_split_k ||
-        groups % t.s != 0) {
+    if (t.s == 0 || row_blocks * 132 > t.max_row_blocks * sm_count || shape.k < t.min_k ||
+        shape.k >= kMinSplitK || groups % t.s != 0 || row_blocks * 10 >= int64_t{sm_count} * 9) {
       continue;
     }
     const KernelConfig c{format, t.nw, t.ug, nb, t.pipe, t.s};
@@ -586,8 +593,8 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
   }
   for (int s : splits) {
     const int64_t need = (row_blocks * s + sm_count - 1) / sm_count;  // CTAs per SM, one wave
-    // Families in order of preference: the first valid UG with two trips per warp or more and
-    // equal or balanced shares is taken.
+    // Families in order of preference: the first valid UG with min_trips trips per warp or
+    // more (below) and equal or balanced shares is taken.
     std::vector<const Family*> by_fill = mid;
     std::stable_sort(by_fill.begin(), by_fill.end(), [&](const Family* a, const Family* b) {
       const double fill_a = WaveFill(need, a->ctas_per_sm);
@@ -622,14 +629,9 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
     if (fam.single.ctas_per_sm > 0 && need <= fam.single.ctas_per_sm &&
         (s == 1 || fam.single_split) && shape.k / s >= fam.single_min_k &&
         row_blocks * s * 100 <= int64_t{sm_count} * fam.single_max_sm_pct) {
+      // (No RB 2 step here: its grid would leave SMs idle, which TwoRowBlocks refuses.)
       if (s == 1 && fam.single_alt.ctas_per_sm > 0) {
-        if (std::optional<KernelConfig> c = FewestTrips(fam, launch, nb, min_trips)) {
-          if (allow_rb2 && format == WeightFormat::kZ12) {
-            if (std::optional<KernelConfig> r =
-                    TwoRowBlocks(launch, nb, sm_count, fam.single.ctas_per_sm)) {
-              return r;
-            }
-          }
+        if (std::optional<KernelConfig> c = FewestTrips(fam, format, launch, nb, min_trips)) {
           return c;
         }
       }
@@ -709,7 +711,8 @@ KernelConfig Heuristic(const GemvShape& shape, WeightFormat format, int sm_count
   // odd with m > 8, say; the 12-bit kernel's only K/64 < NB): the caller then runs smaller chunks
   // (GemvPlan::chunk_m).
   for (int nb = nb_wanted; nb >= 1; --nb) {
-    // K that no family takes gets the lexicographic rule of BestWithTokenBlocks.
+    // K that no family takes gets BestWithTokenBlocks: ShortKFallback for 12-bit K below
+    // kMinSplitK at NB 1-2, else the lexicographic rule.
     if (std::optional<KernelConfig> c = Shaped(s, format, nb, sm_count, allow_rb2)) return *c;
     if (std::optional<KernelConfig> c = BestWithTokenBlocks(s, format, nb, sm_count)) return *c;
   }
