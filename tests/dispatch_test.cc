@@ -680,6 +680,14 @@ bool AnyValidWithTokenBlocks(const GemvShape& shape, WeightFormat f, int nb) {
   return false;
 }
 
+// The kernels of the tiniest grids' fixed splits (Families::tiny), NB 1 to 4.
+bool IsTinySplitKernel(const KernelConfig& c) {
+  static const std::set<std::string> kTiny = {
+      "z12.nw16.ug1.nb1.pipe3", "z12.nw4.ug2.nb2.pipe6", "z12.nw8.ug1.nb2.pipe4",
+      "z12.nw4.ug2.nb3.pipe5",  "z12.nw4.ug1.nb4.pipe4", "z12.nw8.ug1.nb4.pipe3"};
+  return kTiny.count(c.KernelName()) > 0;
+}
+
 TEST(HeuristicTest, AlwaysValidForRandomShapes) {
   const uint64_t seed = Seed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
@@ -722,10 +730,7 @@ TEST(HeuristicTest, AlwaysValidForRandomShapes) {
     // the chosen NB has such shares (unbalanced ones only as a last resort), but for two rules of
     // short loops: the tiniest grids' fixed splits below K = 8192 (the busiest warp within 1.6x
     // the mean) and NB 2's one-CTA choice between 16 and 12 warps (within 4/3).
-    const bool tiny_split = c.splits > 1 && k < 8192 &&
-                            (c.KernelName() == "z12.nw16.ug1.nb1.pipe3" ||
-                             c.KernelName() == "z12.nw4.ug2.nb2.pipe6" ||
-                             c.KernelName() == "z12.nw8.ug1.nb2.pipe4");
+    const bool tiny_split = c.splits > 1 && k < 8192 && IsTinySplitKernel(c);
     const bool one_cta = c.splits == 1 && c.nb == 2 && c.pipe == 3 && (c.nw == 12 || c.nw == 16);
     if (f == WeightFormat::kZ12 && tiny_split) {
       EXPECT_TRUE(Balanced(k / 64, c, 1.6)) << c.ToString();
@@ -972,8 +977,9 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
   }
 }
 
-// No split was measured at NB 3-4 (m = 17..32): their family sets split K only from 12288 on
-// where the row blocks fill at least a quarter of the SMs, whatever share of the SMs that is.
+// The families' splits were not measured at NB 3-4 (m = 17..32): their family sets split K only
+// from 12288 on where the row blocks fill at least a quarter of the SMs, whatever share of the
+// SMs that is (the tiniest grids' fixed splits, 40 row blocks or fewer, are TiniestGrids').
 TEST(HeuristicTest, Nb3And4SplitOnlyFromK12288) {
   for (WeightFormat f : {WeightFormat::kZ12, WeightFormat::kBf16}) {
     for (int64_t m : {17, 24, 25, 32}) {
@@ -991,15 +997,15 @@ TEST(HeuristicTest, Nb3And4SplitOnlyFromK12288) {
 }
 
 // The tiniest 12-bit grids (session 8): below K = 8192, where the families do not split, NB 1
-// splits 4 ways on 16 row blocks or fewer from K = 6144 (16 warps, UG 1), NB 2 8 ways on 8 or
-// fewer from K = 4096 (NW 4, UG 2, PIPE 6) and 4 ways on up to 40 from K = 5120 (NW 8, UG 1,
-// PIPE 4), each where that configuration is valid; unsplit grids on few SMs take one trip a warp,
-// at NB 2 with 16 or 12 warps, whichever gives the busiest warp fewer trips.
-// Every choice is one of the family kernels, so warm-up and the occupancy tests cover it.
+// splits 4 ways on 16 row blocks or fewer from K = 6144 (16 warps, UG 1); NB 2, 3 and 4 split 8
+// ways on 8 or fewer from K = 4096 and 4 or 8 ways (their own kernels) on up to 40 from
+// K = 5120, each where that configuration is valid; unsplit grids on few SMs take one trip a
+// warp, at NB 2 with 16 or 12 warps, whichever gives the busiest warp fewer trips. Every choice
+// is one of the family kernels, so warm-up and the occupancy tests cover it.
 TEST(HeuristicTest, TiniestGrids) {
   for (int64_t rows = 16; rows <= 2112; rows += 16) {
     for (int64_t k = 2048; k < 8192; k += 512) {
-      for (int64_t m : {1, 8, 12, 16}) {
+      for (int64_t m : {1, 8, 12, 16, 24, 32}) {
         const GemvShape shape{m, rows, k};
         const KernelConfig c = HeuristicConfig(shape, WeightFormat::kZ12, 132);
         SCOPED_TRACE(absl::StrCat(shape.ToString(), " ", c.ToString()));
@@ -1008,33 +1014,48 @@ TEST(HeuristicTest, TiniestGrids) {
         auto valid = [&](const char* config) {
           return Validate(KernelConfig::Parse(config).value(), shape).ok();
         };
-        int splits = 1;
-        if (m <= 8 && blocks <= 16 && k >= 6144 && valid("z12.nw16.ug1.nb1.pipe3.s4")) splits = 4;
-        if (m > 8 && blocks <= 8 && k >= 4096 && valid("z12.nw4.ug2.nb2.pipe6.s8")) {
-          splits = 8;
-        } else if (m > 8 && blocks <= 40 && k >= 5120 && valid("z12.nw8.ug1.nb2.pipe4.s4")) {
-          splits = 4;
+        // The entries of each NB, in order: {max row blocks, min K, the configuration}.
+        struct Entry {
+          int64_t blocks, k;
+          const char* config;
+        };
+        std::vector<Entry> entries;
+        if (m <= 8) {
+          entries = {{16, 6144, "z12.nw16.ug1.nb1.pipe3.s4"}};
+        } else if (m <= 16) {
+          entries = {{8, 4096, "z12.nw4.ug2.nb2.pipe6.s8"}, {40, 5120, "z12.nw8.ug1.nb2.pipe4.s4"}};
+        } else if (m <= 24) {
+          entries = {{8, 4096, "z12.nw4.ug2.nb3.pipe5.s8"}, {40, 5120, "z12.nw4.ug2.nb3.pipe5.s8"}};
+        } else {
+          entries = {{8, 4096, "z12.nw4.ug1.nb4.pipe4.s8"}, {40, 5120, "z12.nw8.ug1.nb4.pipe3.s4"}};
         }
-        EXPECT_EQ(c.splits, splits);
-        if (splits == 4 && m <= 8) EXPECT_EQ(c.KernelName(), "z12.nw16.ug1.nb1.pipe3");
-        if (splits == 8) EXPECT_EQ(c.KernelName(), "z12.nw4.ug2.nb2.pipe6");
-        if (splits == 4 && m > 8) EXPECT_EQ(c.KernelName(), "z12.nw8.ug1.nb2.pipe4");
+        std::string want;
+        for (const Entry& e : entries) {
+          if (want.empty() && blocks <= e.blocks && k >= e.k && valid(e.config)) want = e.config;
+        }
+        if (!want.empty()) {
+          EXPECT_EQ(c.ToString(), want);
+        } else {
+          EXPECT_EQ(c.splits, 1);
+        }
+        const int splits = c.splits;
         // K = 4096 unsplit on at most half the SMs: UG 4, one trip a warp for the one-CTA family
         // of 16 warps; NB 1 on more SMs keeps two (UG 2). K = 2048 at NB 2 on more than half:
         // the wide family's UG 4, one trip.
-        if (k == 4096 && splits == 1 && blocks * 2 <= 132) {
+        if (k == 4096 && m <= 16 && splits == 1 && blocks * 2 <= 132) {
           EXPECT_EQ(c.ug, 4);
           EXPECT_EQ(c.nw, 16);
         }
         if (k == 4096 && m <= 8 && blocks * 2 > 132 && blocks <= 132) {
           EXPECT_EQ(c.KernelName(), "z12.nw16.ug2.nb1.pipe3");
         }
-        if (k == 2048 && m > 8 && blocks * 2 > 132 && blocks <= 132) {
+        if (k == 2048 && m > 8 && m <= 16 && blocks * 2 > 132 && blocks <= 132) {
           EXPECT_EQ(c.KernelName(), "z12.nw8.ug4.nb2.pipe4");
         }
         // NB 2's one-CTA grids (at most half the SMs) whose K 16 warps share in more trips or
         // less evenly than 12 warps of UG 4: one or two trips each.
-        if (m > 8 && splits == 1 && blocks * 2 <= 132 && (k == 3072 || k == 5120 || k == 6144)) {
+        if (m > 8 && m <= 16 && splits == 1 && blocks * 2 <= 132 &&
+            (k == 3072 || k == 5120 || k == 6144)) {
           EXPECT_EQ(c.KernelName(), "z12.nw12.ug4.nb2.pipe3");
         }
       }
@@ -1060,9 +1081,9 @@ TEST(HeuristicTest, TiniestGrids) {
   }
 }
 
-// Short K (below 8192) in the 12-bit format at NB 1-2 never splits but for the tiniest grids'
-// fixed splits (up to 40 row blocks on 132 SMs, scaled with the SM count), and RB 2 is taken
-// only where its N/32 CTAs give every SM one.
+// Short K (below 8192) in the 12-bit format never splits but for the tiniest grids' fixed splits
+// (up to 40 row blocks on 132 SMs, scaled with the SM count), and RB 2 is taken only where its
+// N/32 CTAs give every SM one.
 TEST(HeuristicTest, ShortKDoesNotSplitAndRb2FillsTheGpu) {
   const uint64_t seed = Seed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
@@ -1074,11 +1095,9 @@ TEST(HeuristicTest, ShortKDoesNotSplitAndRb2FillsTheGpu) {
     const int sm = std::array<int, 3>{46, 132, 264}[rng() % 3];
     const KernelConfig c = HeuristicConfig(shape, WeightFormat::kZ12, sm);
     SCOPED_TRACE(absl::StrCat(shape.ToString(), " sm", sm, " ", c.ToString()));
-    if (c.nb <= 2 && c.splits > 1) {
+    if (c.splits > 1) {
       EXPECT_LE(shape.n / 16 * 132, 40 * sm);
-      EXPECT_TRUE(c.KernelName() == "z12.nw16.ug1.nb1.pipe3" ||
-                  c.KernelName() == "z12.nw4.ug2.nb2.pipe6" ||
-                  c.KernelName() == "z12.nw8.ug1.nb2.pipe4");
+      EXPECT_TRUE(IsTinySplitKernel(c));
     }
     if (c.rb == 2) EXPECT_GE(shape.n / 32, sm);
   }

@@ -314,9 +314,15 @@ constexpr Families kZ12Nb3 = {
     {3, 4, 5, {4, 2, 1}},  // 28672x4096
     {1, 16, 3, {2, 1, 4}},  // 2048x4096, 1024x8192
     4096,
-    12288,  // (no split was measured at NB 3 or 4)
+    12288,  // (the families' splits were not measured at NB 3 or 4)
     100,
     false,
+    kMinTripsPerWarp,
+    // Session 8 (H200, m = 24, 8 shapes of 64 to 1024 rows, K 4096 to 7168): the tiniest grids
+    // split 8 ways, like NB 2's (64x7168: 5.31 us against 7.18 unsplit; 128x6144 5.08 against
+    // 6.61; 256x7168 5.70 against 7.61; 512x6144 6.18 against 7.59); 1024x4096 ran fastest
+    // unsplit.
+    {{{8, 4096, 8, 4, 2, 5}, {40, 5120, 8, 4, 2, 5}}},
 };
 // NB 4: 89 (PIPE 3), 105 (NW 4, PIPE 4) and 72 registers (NW 4, PIPE 0).
 constexpr Families kZ12Nb4 = {
@@ -331,6 +337,11 @@ constexpr Families kZ12Nb4 = {
     12288,
     50,
     false,
+    kMinTripsPerWarp,
+    // Session 8 (H200, m = 32, the same 8 shapes): 8 ways on up to 8 row blocks (64x4096: 4.73 us
+    // against 6.57 unsplit; 128x6144 5.60 against 7.90), 4 ways on up to 40 from K = 5120
+    // (384x5120 5.93 against 7.63; 512x6144 6.54 against 9.32; 256x7168 6.78 against 9.86).
+    {{{8, 4096, 8, 4, 1, 4}, {40, 5120, 4, 8, 1, 3}}},
 };
 // 12-bit, two row blocks per CTA (RB 2): N/32 CTAs, so their own wave arithmetic. NB 2: 88 and
 // 124 registers; NB 3: 96.
