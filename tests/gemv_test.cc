@@ -226,11 +226,11 @@ TEST(Gemv, DispatcherChoicesOnShortK) {
   CheckDispatcherChoices({{1600, 960}, {1152, 896}, {3072, 768}, {2048, 768}, {960, 576}});
 }
 
-// The tiniest grids (MoE routers and the like): fixed splits below K = 8192, 4 or 8 ways with
-// slices of 8 to 28 groups, some of which NW 4, 8 or 16 warps take unevenly; one trip a warp
-// unsplit; and NB 2's one-CTA choice of NW 12 with UG 4, on even (768x5120) and uneven shares
-// (896x4864, the busiest warp 1.26x the mean). HeuristicTest.TiniestGrids pins which shape takes
-// which.
+// The tiniest grids (MoE routers and the like), m = 1 to 32: fixed splits below K = 8192, 4 or 8
+// ways with slices of 8 to 28 groups, some of which NW 4, 8 or 16 warps take unevenly; one trip
+// a warp unsplit; and NB 2's one-CTA choice of NW 12 with UG 4, on even (768x5120) and uneven
+// shares (896x4864, the busiest warp 1.26x the mean). HeuristicTest.TiniestGrids pins which shape
+// takes which.
 TEST(Gemv, DispatcherChoicesOnTheTiniestGrids) {
   GEMVZ_REQUIRE_GPU();
   CheckDispatcherChoices({{64, 7168},
@@ -241,7 +241,7 @@ TEST(Gemv, DispatcherChoicesOnTheTiniestGrids) {
                           {96, 2048},
                           {768, 5120},
                           {896, 4864}},
-                         {1, 8, 12, 16});
+                         {1, 8, 12, 16, 24, 32});
 }
 
 // m = 17..32 (NB 3 and 4): every kind of choice of the heuristic's NB 3-4 families: the wide
