@@ -23,12 +23,24 @@ bool EvenShares(int64_t groups, const KernelConfig& c) {
   return groups % (int64_t{c.splits} * c.nw * c.ug) == 0;
 }
 
+namespace {
+// A K slice's trips of UG groups and the busiest warp's share of them (k_range.cuh's dealing).
+struct SliceTrips {
+  int64_t trips;
+  int64_t busiest;
+};
+SliceTrips TripsOf(int64_t groups, const KernelConfig& c) {
+  const int64_t trips = groups / (int64_t{c.splits} * c.ug);
+  return {trips, (trips + c.nw - 1) / c.nw};
+}
+}  // namespace
+
 // 4096x11008's 172 groups over NW 16 give 11 trips against a mean of 10.75: balanced.
 bool Balanced(int64_t groups, const KernelConfig& c, double max_imbalance) {
-  const int64_t trips = groups / (int64_t{c.splits} * c.ug);  // per K slice
-  const int64_t busiest = (trips + c.nw - 1) / c.nw;
+  const SliceTrips t = TripsOf(groups, c);
   // (The slack keeps a ratio such as 4/3, 8 trips over a mean of 6, on the right side of rounding.)
-  return static_cast<double>(busiest * c.nw) <= max_imbalance * static_cast<double>(trips) + 1e-9;
+  return static_cast<double>(t.busiest * c.nw) <=
+         max_imbalance * static_cast<double>(t.trips) + 1e-9;
 }
 
 }  // namespace internal
@@ -59,10 +71,12 @@ using internal::Balanced;
 using internal::EvenShares;
 using internal::kMaxShortWarpImbalance;
 
-// What the RB 2 step takes of a valid configuration: loops of kMinTripsPerWarp trips or more, and
-// shares of K that are balanced (equal shares are).
-bool LongAndBalanced(int64_t groups, const KernelConfig& c) {
-  return MinTripsPerWarp(groups, c) >= kMinTripsPerWarp && Balanced(groups, c);
+// What the shaped rules take of a valid configuration: loops of `min_trips` trips or more (by
+// default kMinTripsPerWarp), and shares of K within `max_imbalance` (equal shares are).
+bool LongAndBalanced(int64_t groups, const KernelConfig& c,
+                     int64_t min_trips = kMinTripsPerWarp,
+                     double max_imbalance = internal::kMaxWarpImbalance) {
+  return MinTripsPerWarp(groups, c) >= min_trips && Balanced(groups, c, max_imbalance);
 }
 constexpr std::array<int, 3> kUgPreference = {2, 1, 4};
 
@@ -545,13 +559,13 @@ std::optional<KernelConfig> FewestTrips(const Families& fam, WeightFormat format
     for (int i = 0; i < static_cast<int>(f.ugs.size()) && f.ugs[i] != 0; ++i) {
       const KernelConfig c{format, f.nw, f.ugs[i], nb, f.pipe, 1};
       if (!Validate(c, launch, DefaultDeviceLimits()).ok() ||
-          MinTripsPerWarp(groups, c) < min_trips || !Balanced(groups, c, kMaxShortWarpImbalance)) {
+          !LongAndBalanced(groups, c, min_trips, kMaxShortWarpImbalance)) {
         continue;
       }
-      const int64_t trips = groups / c.ug;  // the slice's trips, shared by NW warps
-      const int64_t busiest = (trips + c.nw - 1) / c.nw;
+      const internal::SliceTrips t = internal::TripsOf(groups, c);
       const std::tuple<int64_t, double, int, int> score{
-          busiest, static_cast<double>(busiest * c.nw) / static_cast<double>(trips), which, i};
+          t.busiest, static_cast<double>(t.busiest * c.nw) / static_cast<double>(t.trips), which,
+          i};
       if (!best || score < best_score) {
         best = c;
         best_score = score;
@@ -656,10 +670,7 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       for (int ug : f->ugs) {
         if (ug == 0) break;
         const KernelConfig c{format, f->nw, ug, nb, f->pipe, s};
-        if (!Validate(c, launch, limits).ok() || MinTripsPerWarp(groups, c) < min_trips ||
-            !Balanced(groups, c)) {
-          continue;
-        }
+        if (!Validate(c, launch, limits).ok() || !LongAndBalanced(groups, c, min_trips)) continue;
         if (s > 1 && shape.k / s <= kMinSplitColumns &&
             MinTripsPerWarp(groups, c) < fam.narrow_split_min_trips) {
           continue;
