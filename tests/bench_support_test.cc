@@ -18,6 +18,7 @@
 // The measuring machinery lives in the gemvz_bench_support library (CMakeLists.txt).
 #include "absl/strings/str_format.h"
 #include "gemvz/format.h"
+#include "tests/support/temp_files.h"
 #include "tools/gemvz/bench_support.h"
 
 namespace gemvz::cli {
@@ -30,11 +31,8 @@ std::mt19937_64& Rng() {
   return rng;
 }
 
-std::string TempDir() {
-  std::string dir = ::testing::TempDir() + "bench_support_test_XXXXXX";
-  EXPECT_NE(mkdtemp(dir.data()), nullptr);
-  return dir;
-}
+// Removed when the program ends if every test passed (kept to look at otherwise).
+std::string TempDir() { return gemvz::testing::MakeTempDir("bench_support_test"); }
 
 // The plainest possible GEMV in double, to hold ReferenceGemv against.
 std::vector<double> NaiveGemv(const std::vector<uint16_t>& w, const std::vector<uint16_t>& x,

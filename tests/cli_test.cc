@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/cuda/driver.h"
+#include "tests/support/temp_files.h"
 
 namespace {
 
@@ -52,8 +53,9 @@ class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (std::string(GEMVZ_TOOL_PATH).empty()) GTEST_SKIP() << "the gemvz CLI is not built";
-    dir_ = ::testing::TempDir() + "cli_test_XXXXXX";
-    ASSERT_NE(mkdtemp(dir_.data()), nullptr);
+    // Removed when the program ends if every test passed (kept to look at otherwise).
+    dir_ = gemvz::testing::MakeTempDir("cli_test");
+    ASSERT_FALSE(dir_.empty());
     // A private kernel cache and tuning file: tests neither read nor change the user's.
     env_["GEMVZ_CACHE_DIR"] = dir_ + "/cache";
     env_["GEMVZ_TUNING_FILE"] = dir_ + "/tuning.json";

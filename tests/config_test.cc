@@ -16,6 +16,7 @@
 #include "gemvz/runtime.h"
 #include "gtest/gtest.h"
 #include "kernel_sources/k_range.cuh"
+#include "tests/support/jit_test_util.h"
 
 // gmock is not linked: a substring check that prints both sides.
 #define EXPECT_CONTAINS(haystack, needle)                                       \
@@ -259,12 +260,8 @@ TEST(ConfigTest, SharedMemoryMatchesTheKernelsArrays) {
 // What Validate counts is what the compiled kernels declare: ptxas's static shared memory for a
 // few configurations, compiled by NVRTC (no GPU needed) into a private cache directory.
 TEST(ConfigTest, SharedMemoryMatchesPtxas) {
-  char dir_template[] = "/tmp/gemvz_config_test.XXXXXX";
-  ASSERT_NE(::mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
-  const char* old = std::getenv("GEMVZ_CACHE_DIR");
-  const std::string saved = old ? old : "";
-  ::setenv("GEMVZ_CACHE_DIR", dir.c_str(), 1);
+  const jit_test::TempDir dir;
+  const jit_test::ScopedEnv cache("GEMVZ_CACHE_DIR", dir.path());
   const KernelConfig configs[] = {{WeightFormat::kZ12, 8, 1, 2, 3, 1},
                                   {WeightFormat::kZ12, 4, 1, 4, 0, 1},
                                   {WeightFormat::kZ12, 4, 1, 2, 3, 1, 2},
@@ -278,12 +275,6 @@ TEST(ConfigTest, SharedMemoryMatchesPtxas) {
     EXPECT_LE(r->shared_bytes, c.shared_bytes()) << c.ToString();
     EXPECT_GE(r->shared_bytes + 16, c.shared_bytes()) << c.ToString();
   }
-  if (old) {
-    ::setenv("GEMVZ_CACHE_DIR", saved.c_str(), 1);
-  } else {
-    ::unsetenv("GEMVZ_CACHE_DIR");
-  }
-  std::filesystem::remove_all(dir);
 }
 
 // A configuration and shape that pass every rule; each case below breaks exactly one.

@@ -33,6 +33,8 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/dispatch/dispatcher.h"
+#include "tests/support/jit_test_util.h"
+#include "tests/support/temp_files.h"
 
 // gmock is not linked: a substring check that prints both sides.
 #define EXPECT_CONTAINS(haystack, needle)                                       \
@@ -64,60 +66,10 @@ constexpr int64_t kSuite[][2] = {{4096, 8192},  {6144, 4096},  {4096, 4096}, {28
                                  {4096, 14336}, {10240, 8192}, {8192, 28672}};
 constexpr WeightFormat kFormats[] = {WeightFormat::kZ12, WeightFormat::kBf16};
 
-// Sets (or unsets, with nullptr) an environment variable for a scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value == nullptr) {
-      ::unsetenv(name);
-    } else {
-      ::setenv(name, value, 1);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_.c_str(), old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_.c_str());
-    }
-  }
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
-
-class TempDir {
- public:
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "gemvz_dispatch_test.XXXXXX").string();
-    char* made = ::mkdtemp(templ.data());
-    EXPECT_NE(made, nullptr) << "mkdtemp " << templ;
-    path_ = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteAll(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
-  ASSERT_TRUE(out.good()) << path;
-}
+using jit_test::ScopedEnv;
+using jit_test::TempDir;
+using testing::ReadAll;
+using testing::WriteAll;
 
 using Key = std::tuple<std::string, int, int64_t, int64_t, int64_t>;
 Key KeyOf(const TunedChoice& c) { return {c.arch, static_cast<int>(c.format), c.m, c.n, c.k}; }
@@ -158,18 +110,18 @@ TEST(TuningFilePathTest, ExplicitFileWins) {
 }
 
 TEST(TuningFilePathTest, BesideTheKernelCache) {
-  ScopedEnv file("GEMVZ_TUNING_FILE", nullptr);
-  ScopedEnv disable("GEMVZ_DISABLE_DISK_CACHE", nullptr);
+  ScopedEnv file("GEMVZ_TUNING_FILE", std::nullopt);
+  ScopedEnv disable("GEMVZ_DISABLE_DISK_CACHE", std::nullopt);
   {
     ScopedEnv dir("GEMVZ_CACHE_DIR", "/tmp/gemvz-cache-x");
     EXPECT_EQ(TuningFilePath(), "/tmp/gemvz-cache-x/tuning.json");
   }
-  ScopedEnv dir("GEMVZ_CACHE_DIR", nullptr);
+  ScopedEnv dir("GEMVZ_CACHE_DIR", std::nullopt);
   {
     ScopedEnv xdg("XDG_CACHE_HOME", "/tmp/xdg-y");
     EXPECT_EQ(TuningFilePath(), "/tmp/xdg-y/gemvz/tuning.json");
   }
-  ScopedEnv xdg("XDG_CACHE_HOME", nullptr);
+  ScopedEnv xdg("XDG_CACHE_HOME", std::nullopt);
   ScopedEnv home("HOME", "/tmp/home-z");
   EXPECT_EQ(TuningFilePath(), "/tmp/home-z/.cache/gemvz/tuning.json");
   // An empty value counts as unset.
@@ -178,7 +130,7 @@ TEST(TuningFilePathTest, BesideTheKernelCache) {
 }
 
 TEST(TuningFilePathTest, NoFileWhenTheDiskCacheIsDisabled) {
-  ScopedEnv file("GEMVZ_TUNING_FILE", nullptr);
+  ScopedEnv file("GEMVZ_TUNING_FILE", std::nullopt);
   ScopedEnv disable("GEMVZ_DISABLE_DISK_CACHE", "1");
   EXPECT_EQ(TuningFilePath(), "");
   absl::StatusOr<std::vector<TunedChoice>> loaded = LoadTunedChoices();
@@ -1134,7 +1086,7 @@ TEST(HeuristicTest, ItsKernelsDoNotSpill) {
   // ptxas's statistics through NVRTC (no GPU needed), in a private cache directory.
   TempDir tmp;
   ScopedEnv cache("GEMVZ_CACHE_DIR", tmp.path().c_str());
-  ScopedEnv enabled("GEMVZ_DISABLE_DISK_CACHE", nullptr);
+  ScopedEnv enabled("GEMVZ_DISABLE_DISK_CACHE", std::nullopt);
   std::vector<KernelConfig> kernels;
   absl::flat_hash_set<std::string> names;
   auto add = [&](KernelConfig c) {
@@ -1192,7 +1144,7 @@ TEST(HeuristicTest, FamiliesHoldTheirCtasPerSm) {
   // registers).
   TempDir tmp;
   ScopedEnv cache("GEMVZ_CACHE_DIR", tmp.path().c_str());
-  ScopedEnv enabled("GEMVZ_DISABLE_DISK_CACHE", nullptr);
+  ScopedEnv enabled("GEMVZ_DISABLE_DISK_CACHE", std::nullopt);
   const std::vector<HeuristicFamilyKernel> families = HeuristicFamilyKernels();
   std::vector<KernelConfig> kernels;
   for (const HeuristicFamilyKernel& k : families) kernels.push_back(k.config);
