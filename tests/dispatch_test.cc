@@ -52,6 +52,7 @@ using internal::HeuristicFamilyKernel;
 using internal::HeuristicFamilyKernels;
 using internal::kMaxShortWarpImbalance;
 using internal::HeuristicConfigWithoutRb2;
+using internal::LaunchRowsFor;
 using internal::TokenBlocksFor;
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
@@ -621,6 +622,25 @@ TEST(HeuristicTest, TokenBlocks) {
   }
 }
 
+// m rows run in ceil(m / 32) launches, the fewest there can be, of rows as equal as whole rows go.
+TEST(HeuristicTest, LaunchRowsAreEqualChunksOfTheFewestLaunches) {
+  EXPECT_EQ(LaunchRowsFor(0), 1);
+  EXPECT_EQ(LaunchRowsFor(1), 1);
+  EXPECT_EQ(LaunchRowsFor(32), 32);
+  EXPECT_EQ(LaunchRowsFor(33), 17);  // 17 + 16, NB 3 both, rather than 32 + 1 at NB 4
+  EXPECT_EQ(LaunchRowsFor(48), 24);
+  EXPECT_EQ(LaunchRowsFor(64), 32);
+  EXPECT_EQ(LaunchRowsFor(65), 22);
+  for (int64_t m = 1; m <= 1000; ++m) {
+    const int64_t rows = LaunchRowsFor(m);
+    const int64_t launches = (m + rows - 1) / rows;
+    ASSERT_GE(rows, 1) << m;
+    ASSERT_LE(rows, 32) << m;
+    EXPECT_EQ(launches, (m + 31) / 32) << m;            // the fewest launches
+    EXPECT_LE(launches * rows - m, launches - 1) << m;  // the last at most one row per launch short
+  }
+}
+
 // Is there a valid configuration with `nb` token blocks (brute force over every NW)?
 bool AnyValidWithTokenBlocks(const GemvShape& shape, WeightFormat f, int nb) {
   for (int nw = nb; nw <= 32; ++nw) {
@@ -1068,7 +1088,8 @@ TEST(HeuristicTest, EdgeShapes) {
   c = HeuristicConfig(GemvShape{16, 4096, 192}, WeightFormat::kBf16, 132);
   EXPECT_EQ(c.nb, 2) << c.ToString();
   EXPECT_TRUE(Validate(c, GemvShape{16, 4096, 192}).ok());
-  // Rows above one launch: 32-row chunks.
+  // Rows above one launch: the heuristic is asked for one launch's rows (LaunchRowsFor), but
+  // takes more as 32.
   c = HeuristicConfig(GemvShape{1000, 4096, 4096}, WeightFormat::kZ12, 132);
   EXPECT_EQ(c.nb, 4);
   EXPECT_TRUE(Validate(c, GemvShape{32, 4096, 4096}).ok());
@@ -1183,9 +1204,9 @@ TEST(SweepSpaceTest, ExactlyTheValidGridInAStableOrder) {
   for (const auto& [shape, f] : shapes) {
     SCOPED_TRACE(absl::StrCat(shape.ToString(), " ", std::string(FormatName(f))));
     const std::vector<KernelConfig> space = SweepSpace(shape, f);
-    // The grid, brute force, in the documented nesting order.
-    const int nb0 = TokenBlocksFor(shape.m);
-    const GemvShape launch{std::min<int64_t>(shape.m, 8 * nb0), shape.n, shape.k};
+    // The grid, brute force, in the documented nesting order, for one launch's rows.
+    const GemvShape launch{LaunchRowsFor(shape.m), shape.n, shape.k};
+    const int nb0 = TokenBlocksFor(launch.m);
     std::vector<KernelConfig> expected;
     for (int nb = nb0; nb <= std::min(nb0 + 1, 4); ++nb) {
       for (int nw : {1, 2, 4, 6, 8, 12, 16}) {
@@ -1217,7 +1238,7 @@ TEST(SweepSpaceTest, ExactlyTheValidGridInAStableOrder) {
 TEST(SweepSpaceTest, TokenBlocksCoverM) {
   const std::pair<int64_t, std::set<int>> cases[] = {
       {1, {1, 2}},  {8, {1, 2}}, {9, {2, 3}}, {16, {2, 3}}, {17, {3, 4}},
-      {24, {3, 4}}, {25, {4}},   {32, {4}},   {33, {4}},    {500, {4}}};
+      {24, {3, 4}}, {25, {4}},   {32, {4}},   {33, {3, 4}}, {48, {3, 4}}, {49, {4}}, {500, {4}}};
   for (const auto& [m, nbs] : cases) {
     std::set<int> got;
     for (const KernelConfig& c : SweepSpace(GemvShape{m, 4096, 8192}, WeightFormat::kZ12)) {
@@ -1332,11 +1353,16 @@ TEST_F(ChooseConfigTest, BeyondTheTableTheHeuristic) {
         EXPECT_EQ(plan.config, HeuristicConfig(shape, f, 132));
         EXPECT_EQ(plan.chunk_m, m);
       }
-      // More rows than one launch takes: 32-row chunks.
-      const GemvPlan plan = Choose(GemvShape{100, nk[0], nk[1]}, f);
+      // More rows than one launch takes: four equal chunks of 25 for 100 rows, each NB 4; 40
+      // rows run as two chunks of 20, NB 3 (the plan of m = 20).
+      GemvPlan plan = Choose(GemvShape{100, nk[0], nk[1]}, f);
       EXPECT_EQ(plan.source, "heuristic");
-      EXPECT_EQ(plan.chunk_m, 32);
+      EXPECT_EQ(plan.chunk_m, 25);
       EXPECT_EQ(plan.config.nb, 4);
+      plan = Choose(GemvShape{40, nk[0], nk[1]}, f);
+      EXPECT_EQ(plan.chunk_m, 20);
+      EXPECT_EQ(plan.config.nb, 3);
+      EXPECT_EQ(plan.config, Choose(GemvShape{20, nk[0], nk[1]}, f).config);
     }
   }
   // Another architecture, or an unseen shape: the heuristic, with the caller's SM count.

@@ -267,6 +267,17 @@ TEST(Gemv, EveryMFrom1To64) {
     EXPECT_EQ(z.Check(m, {}, seed + m), "") << "z12 m=" << m;
     EXPECT_EQ(b.Check(m, {}, seed + 100 + m), "") << "bf16 m=" << m;
   }
+  // Above 32 rows the launches take equal chunks (17 + 16 rows for 33, 22 + 22 + 21 for 65), the
+  // last one shorter by up to a row per launch.
+  for (int64_t m : {65, 80, 97, 100}) {
+    EXPECT_EQ(z.Check(m, {}, seed + m), "") << "z12 m=" << m;
+    EXPECT_EQ(b.Check(m, {}, seed + 100 + m), "") << "bf16 m=" << m;
+  }
+  for (int64_t m : {33, 40, 48, 65, 100}) {
+    const absl::StatusOr<GemvPlan> plan = PlanGemv(z.dm, m);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->chunk_m, internal::LaunchRowsFor(m)) << m;
+  }
 }
 
 TEST(Gemv, OddShapesGoToThePlainPath) {

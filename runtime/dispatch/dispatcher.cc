@@ -154,7 +154,7 @@ std::optional<KernelConfig> LookupBuiltinTable(const GemvShape& shape, WeightFor
 absl::StatusOr<GemvPlan> ChooseConfig(const GemvShape& shape, WeightFormat format,
                                       const std::string& arch, int sm_count) {
   if (absl::Status st = CheckShape(shape); !st.ok()) return st;
-  const GemvShape launch{std::min(shape.m, kMaxTokensPerLaunch), shape.n, shape.k};
+  const GemvShape launch{LaunchRowsFor(shape.m), shape.n, shape.k};
   return GetDispatcher().Choose(launch, format, arch, sm_count);
 }
 

@@ -18,6 +18,13 @@ namespace gemvz::internal {
 inline constexpr int kMaxTokenBlocks = 4;
 inline constexpr int64_t kMaxTokensPerLaunch = 8 * kMaxTokenBlocks;
 
+// The rows of one launch for m activation rows: m itself up to kMaxTokensPerLaunch, else the
+// fewest launches that take m (ceil(m / 32)) with rows as equal as whole rows go, so that every
+// chunk runs the kernel for the fewest token blocks (m = 40: two launches of 20 rows, NB 3,
+// rather than 32 rows and 8 rows, both NB 4). Each launch of a 12-bit or plain kernel reads all
+// the weights, whatever its rows, so the count of launches is what costs most and this keeps it.
+int64_t LaunchRowsFor(int64_t m);
+
 // The smallest NB (1..4) whose 8*NB rows cover min(m, 32).
 int TokenBlocksFor(int64_t m);
 

@@ -14,6 +14,12 @@
 namespace gemvz {
 namespace internal {
 
+int64_t LaunchRowsFor(int64_t m) {
+  if (m <= kMaxTokensPerLaunch) return std::max<int64_t>(m, 1);
+  const int64_t launches = (m + kMaxTokensPerLaunch - 1) / kMaxTokensPerLaunch;
+  return (m + launches - 1) / launches;
+}
+
 int TokenBlocksFor(int64_t m) {
   const int64_t rows = std::clamp<int64_t>(m, 1, kMaxTokensPerLaunch);
   return static_cast<int>((rows + 7) / 8);

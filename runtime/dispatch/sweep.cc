@@ -21,9 +21,10 @@ constexpr int64_t kSuite[][2] = {{4096, 8192},  {6144, 4096},  {4096, 4096}, {28
 }  // namespace
 
 std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format) {
-  const int nb_min = internal::TokenBlocksFor(shape.m);
-  // m above one launch's 32 rows is timed as the 32-row chunks it will run in.
-  const GemvShape launch{std::clamp<int64_t>(shape.m, 1, 8 * nb_min), shape.n, shape.k};
+  // m above one launch's 32 rows is timed as the equal chunks it will run in.
+  const int64_t rows = internal::LaunchRowsFor(shape.m);
+  const int nb_min = internal::TokenBlocksFor(rows);
+  const GemvShape launch{rows, shape.n, shape.k};
   const DeviceLimits limits = DefaultDeviceLimits();
   const int64_t groups = shape.k / 64;
   std::vector<KernelConfig> out;

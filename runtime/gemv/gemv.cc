@@ -85,7 +85,7 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
   if (m < 1) return absl::InvalidArgumentError(absl::StrCat("Gemv: m must be >= 1 (got ", m, ")"));
   const DeviceMatrixState& s = *w.state();
   ASSIGN_OR_RETURN(DeviceInfo info, GetDeviceInfo(s.device));
-  const int64_t m_launch = std::min<int64_t>(m, kMaxTokensPerLaunch);
+  const int64_t m_launch = LaunchRowsFor(m);
   const GemvShape shape{m_launch, Rows16(s), Cols64(s)};
 
   auto forced = [&](const KernelConfig& c, const char* source) -> absl::StatusOr<GemvPlan> {
