@@ -247,11 +247,28 @@ TEST_F(CliTest, TuneReportsTheRuleAnInvalidConfigurationBreaks) {
   EXPECT_CONTAINS(r.err, "z12.nw8.ug2.nb1.pipe3.s16");
   EXPECT_CONTAINS(r.err, "m8.n4096.k8192");
   EXPECT_CONTAINS(r.err, "K/(64*S*UG) = 4 trips per K slice must be at least NW = 8");
-  // m = 16 does not fit one launch of NB = 1.
-  const Result m = Run({"tune", "--shape=4096x8192", "--m=16",
-                        "--config=z12.nw8.ug2.nb1.pipe3.s1"});
-  EXPECT_EQ(m.rc, 2) << m.err;
-  EXPECT_CONTAINS(m.err, "8*NB");
+}
+
+// A configuration is checked as a Gemv call runs it: one launch of its chunk of m. NB = 1 takes
+// m = 16 as two launches of 8 rows, and NB = 4 takes m = 48 as two of 24 (LaunchRowsFor), so
+// both are valid; the rules still apply to that launch.
+TEST_F(CliTest, TuneChecksAConfigurationAtItsChunkOfM) {
+  for (const auto& [m, config] : {std::pair<std::string, std::string>{"16", "z12.nw8.ug2.nb1.pipe3.s1"},
+                                  {"48", "z12.nw8.ug1.nb4.pipe3.s1"},
+                                  {"100", "bf16.nw8.ug1.nb4.pipe2.s1"}}) {
+    const Result r = Run({"tune", "--shape=4096x8192", "--m=" + m, "--config=" + config,
+                          "--replays=5", "--launches=16", "--rotate_mb=256"});
+    // Without a GPU it is validated and compiled; with one, timed and ranked.
+    EXPECT_CONTAINS(r.out, HasGpu() ? "1  " + config : config + " for 4096x8192 m=" + m + ": valid")
+        << r.err;
+    EXPECT_EQ(r.out.find("invalid"), std::string::npos) << r.out;
+    EXPECT_EQ(r.rc, HasGpu() ? 0 : 1) << r.out << r.err;
+  }
+  const Result bad = Run({"tune", "--shape=4096x8192", "--m=48",
+                          "--config=z12.nw8.ug2.nb4.pipe3.s16"});
+  EXPECT_EQ(bad.rc, 2) << bad.err;
+  EXPECT_CONTAINS(bad.err, "m24.n4096.k8192");  // the launch the call would make
+  EXPECT_CONTAINS(bad.err, "trips per K slice must be at least NW = 8");
 }
 
 TEST_F(CliTest, TuneOneConfiguration) {

@@ -24,6 +24,10 @@ inline constexpr int64_t kMaxTokensPerLaunch = 8 * kMaxTokenBlocks;
 // rather than 32 rows and 8 rows, both NB 4). Each launch of a 12-bit or plain kernel reads all
 // the weights, whatever its rows, so the count of launches is what costs most and this keeps it.
 int64_t LaunchRowsFor(int64_t m);
+// One launch of configuration `c` for a call of shape.m rows: LaunchRowsFor's rows, fewer where
+// c takes fewer token blocks (its chunks are then smaller). What Validate must accept for the call
+// to run.
+GemvShape LaunchShape(const GemvShape& shape, const KernelConfig& c);
 
 // The smallest NB (1..4) whose 8*NB rows cover min(m, 32).
 int TokenBlocksFor(int64_t m);

@@ -20,6 +20,11 @@ int64_t LaunchRowsFor(int64_t m) {
   return (m + launches - 1) / launches;
 }
 
+GemvShape LaunchShape(const GemvShape& shape, const KernelConfig& c) {
+  return GemvShape{std::min<int64_t>(LaunchRowsFor(shape.m), c.tokens_per_launch()), shape.n,
+                   shape.k};
+}
+
 int TokenBlocksFor(int64_t m) {
   const int64_t rows = std::clamp<int64_t>(m, 1, kMaxTokensPerLaunch);
   return static_cast<int>((rows + 7) / 8);

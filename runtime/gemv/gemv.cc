@@ -95,7 +95,7 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
           std::string(FormatName(c.format)), " weights, but the matrix is ",
           std::string(FormatName(s.format))));
     }
-    const GemvShape launch{std::min<int64_t>(m_launch, c.tokens_per_launch()), shape.n, shape.k};
+    const GemvShape launch = LaunchShape(shape, c);
     RETURN_IF_ERROR(Validate(c, launch, info.limits));
     return GemvPlan{c, source, launch.m};
   };

@@ -20,6 +20,7 @@
 #include "gemvz/gemv.h"
 #include "gemvz/runtime.h"
 #include "nlohmann/json.hpp"
+#include "runtime/dispatch/dispatcher.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tools/gemvz/bench_flags.h"
 #include "tools/gemvz/bench_gpu.h"
@@ -45,10 +46,12 @@ const std::string& TuneUsage() {
       "       gemvz tune [--shape=NxK] [--m=LIST] --space=FILE [--top=N] [--save] [--json=FILE]\n"
       "\n"
       "Tries kernel configurations without rebuilding anything. Each one is checked against the\n"
-      "shape first (gemvz::Validate; an invalid one is reported with the rule it breaks and\n"
-      "skipped), compiled by NVRTC at first use (or found in the disk cache), run once and\n"
-      "checked against a CPU double-precision reference, then timed like gemvz bench (CUDA\n"
-      "graphs, weights rotated through --rotate_mb, median of --replays) next to the\n"
+      "shape first, as one launch of the chunks a Gemv call of m rows runs in (m above 32: equal\n"
+      "chunks of at most 32; fewer token blocks than m needs: chunks of 8*nb) (gemvz::Validate;\n"
+      "an invalid one is reported with the rule it breaks and skipped), compiled by NVRTC at\n"
+      "first use (or found in the disk cache), run once and checked against a CPU\n"
+      "double-precision reference, then timed like gemvz bench (CUDA graphs, weights rotated\n"
+      "through --rotate_mb, median of --replays) next to the\n"
       "dispatcher's own choice for the same (shape, m).\n"
       "\n"
       "A configuration reads FORMAT.nwW.ugU.nbB.pipeP[.rbR].sS, e.g. z12.nw8.ug2.nb1.pipe3.s1:\n"
@@ -412,7 +415,9 @@ int RunTune(const std::vector<std::string>& args) {
         c.format = config.format;
         Candidate cand;
         cand.config = config;
-        if (absl::Status st = Validate(config, gshape, limits); !st.ok()) {
+        // Checked as the call runs it: one launch of its chunk of m (internal::LaunchShape).
+        if (absl::Status st = Validate(config, internal::LaunchShape(gshape, config), limits);
+            !st.ok()) {
           cand.invalid = std::string(st.message());
           if (single) {
             ++invalid_single;
@@ -514,7 +519,7 @@ int RunTune(const std::vector<std::string>& args) {
       TunedChoice choice;
       choice.arch = session->info().arch;
       choice.format = c.format;
-      choice.m = c.m;
+      choice.m = internal::LaunchRowsFor(c.m);  // the file keys one launch's rows
       choice.n = c.shape.n;
       choice.k = c.shape.k;
       choice.config = w->config;
