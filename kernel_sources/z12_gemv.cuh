@@ -1,10 +1,10 @@
 // The compressed GEMV (seed chapter 8): one CTA = RB 16-row blocks x one K slice (blockIdx.y of
 // S). NW streaming warps decode 12-bit weights in registers and feed mma.sync m16n8k16, each
 // taking its share of the slice's trips of UG groups (as even as whole trips go: k_range.cuh);
-// warp NW applies the exact sparse corrections at the same time. With RB 2 every streaming warp
-// streams its K range of both row blocks at once and feeds both from one load of x's fragments:
-// the same bytes in flight as UG 2 with fewer registers (x's fragments are the larger share at
-// NB 2).
+// warp NW applies the exact sparse corrections at the same time. With RB 2 (or 4) every streaming
+// warp streams its K range of both (all four) row blocks at once and feeds them from one load of
+// x's fragments: the same bytes in flight as UG 2 (4) with fewer registers (x's fragments are the
+// larger share at NB 2 and above; at NB 4 one load of them serves 64 rows).
 // Dense rows (most weights outside the window, e.g. all-zero padded vocabulary rows) get one
 // extra CTA each, before the row blocks: it computes the row from its original BF16 values with
 // all its threads, in parallel with the rest, and the row block's CTA leaves that row's output to
@@ -42,6 +42,16 @@ __device__ __forceinline__ void decode_mma(const uint4& a0, const uint4& a1, con
   }
 }
 
+// The dense-row bits of a CTA's RB*16 rows.
+template <int RB>
+struct DenseMask {
+  using T = unsigned;
+};
+template <>
+struct DenseMask<4> {
+  using T = unsigned long long;
+};
+
 }  // namespace gemvz_dev
 
 template <int NW, int UG, int NB, int PIPE, int RB = 1>
@@ -50,10 +60,13 @@ __global__ void __launch_bounds__((NW + 1) * 32,
     gemvz_z12_kernel(const Z12Params p) {
   using namespace gemvz_dev;
   static_assert(NW >= NB, "the first NB warps do the final reduction");
-  static_assert(RB == 1 || RB == 2, "s_dense holds 32 rows");
-  static_assert(NW + 1 >= RB * NB, "the first RB*NB*32 threads do the final reduction");
+  static_assert(RB == 1 || RB == 2 || RB == 4, "RB 1, 2 or 4 row blocks per CTA");
+  using Mask = typename DenseMask<RB>::T;
+  // The combine takes RB*NB*32 C fragments: one a thread when there are enough threads, else in
+  // turns (RB 4, S = 1 only).
+  constexpr bool kOneFragmentPerThread = NW + 1 >= RB * NB;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  // cb: this CTA's pair (RB 2) or single row block (RB 1); negative for a dense row's CTA.
+  // cb: this CTA's RB row blocks (its pair at RB 2); negative for a dense row's CTA.
   // Dense rows' CTAs come first, so they start in the first wave and end long before the last
   // row block (last, they waited for a free slot and then ran alone: +50 % measured at m = 16).
   const int cb = static_cast<int>(blockIdx.x) - p.n_dense, sidx = blockIdx.y;
@@ -61,7 +74,7 @@ __global__ void __launch_bounds__((NW + 1) * 32,
   const int M = p.M;
   __shared__ float4 red[NW][RB * NB * 32];
   __shared__ float ecorr[RB * 16][NB * 8 + 1];  // +1: 16 lanes writing 16 rows hit 16 banks
-  __shared__ unsigned s_dense;  // bit j*16 + r: row r of block j is dense (its CTA stores it)
+  __shared__ Mask s_dense;  // bit j*16 + r: row r of block j is dense (its CTA stores it)
   __shared__ int s_last;
   // Programmatic dependent launch: let the next kernel start once every CTA has started; when
   // launched with PDL (flags bit 2), pull this warp's first trip of weights into L2 while the
@@ -139,7 +152,7 @@ __global__ void __launch_bounds__((NW + 1) * 32,
     const KRange kr = k_range<NW, UG>(KG, p.S, sidx, warp);  // the slice's [lo, hi)
     const int klo = kr.lo * 64, khi = kr.hi * 64;
     const bool corrections = !(p.flags & 1);
-    unsigned dense_mask = 0;  // rows whose own CTA stores them
+    Mask dense_mask = 0;  // rows whose own CTA stores them
 #pragma unroll
     for (int j = 0; j < RB; j++) {
       const int rb = cb * RB + j;
@@ -168,7 +181,7 @@ __global__ void __launch_bounds__((NW + 1) * 32,
       if (corrections && lane == 0) {
         const unsigned d1 = __ldg(p.dense_block_offsets + rb + 1);
         for (unsigned d = __ldg(p.dense_block_offsets + rb); d < d1; d++) {
-          dense_mask |= 1u << (j * 16 + __ldg(p.dense_rows + d));
+          dense_mask |= Mask{1} << (j * 16 + __ldg(p.dense_rows + d));
         }
       }
     }
@@ -280,6 +293,29 @@ __global__ void __launch_bounds__((NW + 1) * 32,
   }
   __syncthreads();  // red, ecorr and s_dense complete
 
+  if constexpr (!kOneFragmentPerThread) {
+    // ---- Combine in turns (RB 4): fragment f = tid, tid + (NW+1)*32, ... (its lane is tid's, so
+    // g and t are this thread's). No split-K here.
+    for (int f = tid; f < RB * NB * 32; f += (NW + 1) * 32) {
+      const int jb = f / (NB * 32), nbo = (f >> 5) % NB;
+      float4 r = sum_warp_partials<NW, RB * NB>(red, f);
+      r.x += ecorr[jb * 16 + g][nbo * 8 + 2 * t];
+      r.y += ecorr[jb * 16 + g][nbo * 8 + 2 * t + 1];
+      r.z += ecorr[jb * 16 + g + 8][nbo * 8 + 2 * t];
+      r.w += ecorr[jb * 16 + g + 8][nbo * 8 + 2 * t + 1];
+      const float rr[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        const int tok = nbo * 8 + 2 * t + (q & 1);
+        const int row = (cb * RB + jb) * 16 + g + ((q >> 1) << 3);
+        const bool dense_row = (s_dense >> (jb * 16 + (row & 15))) & 1u;
+        if (tok < M && !dense_row) {
+          store_out(p.out, static_cast<size_t>(tok) * p.ldo + row, rr[q], p.flags & 2);
+        }
+      }
+    }
+    return;
+  }
   // ---- Combine: thread tid < RB*NB*32 owns row block jb's C fragment (rows g, g+8; tokens
   // nbo*8 + 2t, +1).
   float4 r = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -178,9 +178,12 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
       {"bf16.nw8.ug2.nb2.pipe4", "PIPE 4..8 (register-capped plain loop) exists for z12 only"},
       {"z12.nw8.ug2.nb2.pipe3.s0", "S must be at least 1 (got 0)"},
       {"z12.nw2.ug2.nb4.pipe3", "NW >= NB is required"},
-      {"z12.nw8.ug2.nb2.pipe3.rb0", "RB must be 1 or 2 (got 0)"},
-      {"z12.nw8.ug2.nb2.pipe3.rb4", "RB must be 1 or 2 (got 4)"},
-      {"bf16.nw8.ug2.nb2.pipe3.rb2", "RB 2 (two row blocks per CTA) exists for z12 only"},
+      {"z12.nw8.ug2.nb2.pipe3.rb0", "RB must be 1, 2 or 4 (got 0)"},
+      {"z12.nw8.ug2.nb2.pipe3.rb3", "RB must be 1, 2 or 4 (got 3)"},
+      {"z12.nw8.ug2.nb2.pipe3.rb8", "RB must be 1, 2 or 4 (got 8)"},
+      {"z12.nw4.ug1.nb4.pipe0.rb4.s2", "RB 4 takes S = 1 only"},
+      {"bf16.nw8.ug1.nb4.pipe0.rb4", "RB 4 (4 row blocks per CTA) exists for z12 only"},
+      {"bf16.nw8.ug2.nb2.pipe3.rb2", "RB 2 (2 row blocks per CTA) exists for z12 only"},
       {"z12.nw2.ug2.nb2.pipe3.rb2", "NW + 1 >= RB * NB is required"},
   };
   for (const ParseErrorCase& c : cases) {
@@ -262,11 +265,10 @@ TEST(ConfigTest, SharedMemoryMatchesTheKernelsArrays) {
 TEST(ConfigTest, SharedMemoryMatchesPtxas) {
   const jit_test::TempDir dir;
   const jit_test::ScopedEnv cache("GEMVZ_CACHE_DIR", dir.path());
-  const KernelConfig configs[] = {{WeightFormat::kZ12, 8, 1, 2, 3, 1},
-                                  {WeightFormat::kZ12, 4, 1, 4, 0, 1},
-                                  {WeightFormat::kZ12, 4, 1, 2, 3, 1, 2},
-                                  {WeightFormat::kBf16, 8, 1, 1, 3, 1},
-                                  {WeightFormat::kBf16, 4, 1, 4, 0, 1}};
+  const KernelConfig configs[] = {
+      {WeightFormat::kZ12, 8, 1, 2, 3, 1},    {WeightFormat::kZ12, 4, 1, 4, 0, 1},
+      {WeightFormat::kZ12, 4, 1, 2, 3, 1, 2}, {WeightFormat::kZ12, 4, 1, 4, 0, 1, 4},
+      {WeightFormat::kBf16, 8, 1, 1, 3, 1},   {WeightFormat::kBf16, 4, 1, 4, 0, 1}};
   for (const KernelConfig& c : configs) {
     absl::StatusOr<PrecompileResult> r = Precompile(c, "sm_90");
     ASSERT_TRUE(r.ok()) << c.ToString() << ": " << Msg(r.status());
@@ -353,6 +355,24 @@ TEST(KRangeTest, DealsEveryGroupOnceInWholeTrips) {
   CheckDealingForWarps<2>();
   CheckDealingForWarps<4>();
   CheckDealingForWarps<8>();
+}
+
+// RB 4: four row blocks per CTA, so N in multiples of 64; its combine takes the fragments in
+// turns, so NW = 4 serves NB = 4 (RB*NB*32 = 512 fragments, 160 threads); S = 1 only.
+TEST(ValidateTest, FourRowBlocks) {
+  const KernelConfig c{WeightFormat::kZ12, 4, 1, 4, 0, 1, 4};
+  EXPECT_TRUE(Validate(c, GemvShape{32, 28672, 4096}).ok());
+  EXPECT_TRUE(Validate(c, GemvShape{1, 64, 4096}).ok());
+  ExpectRule(c, GemvShape{32, 28672 + 32, 4096},
+             "N must be a multiple of 16*RB = 64 (each CTA takes RB whole row blocks)");
+  KernelConfig split = c;
+  split.splits = 2;
+  // (Rules of the configuration alone: ValidateConfig names them without a shape.)
+  EXPECT_CONTAINS(Msg(Validate(split, GemvShape{32, 28672, 4096})), "RB 4 takes S = 1 only");
+  // RB 2 keeps its rule: NW + 1 warps for RB*NB = 8 warps' worth of fragments.
+  EXPECT_CONTAINS(
+      Msg(Validate(KernelConfig{WeightFormat::kZ12, 4, 1, 4, 0, 1, 2}, GemvShape{32, 28672, 4096})),
+      "NW + 1 >= RB * NB is required");
 }
 
 TEST(ValidateTest, Z12KComesInWholeTripsAtLeastOnePerWarp) {

@@ -398,8 +398,8 @@ TEST_F(TuningFileTest, CorruptFilesAreReportedNamingTheFile) {
 }
 
 // Version 1 while no entry needs RB (older gemvz keep reading the file), 2 once one does, 3 once
-// a 12-bit entry's warps take uneven shares of K (older gemvz refuse it instead of failing on
-// ".rb2" or on the K rule and setting the file aside as corrupt).
+// a 12-bit entry's warps take uneven shares of K, 4 once an entry takes RB 4 (older gemvz refuse
+// it instead of failing on ".rb2", the K rule or RB 4 and setting the file aside as corrupt).
 TEST_F(TuningFileTest, VersionIsTheOldestThatHoldsTheEntries) {
   const TunedChoice c{"sm_90", WeightFormat::kZ12, 16, 28672, 4096,
                       KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1}, 45.0};
@@ -432,9 +432,18 @@ TEST_F(TuningFileTest, VersionIsTheOldestThatHoldsTheEntries) {
   even.config.nw = 4;
   ASSERT_TRUE(SaveTunedChoices({even}).ok());
   EXPECT_EQ(nlohmann::json::parse(ReadAll(path_)).at("version"), 1);
-  // Version 2 and 3 files without such entries read too.
-  for (const char* text :
-       {R"({"version": 2, "entries": []})", R"({"version": 3, "entries": []})"}) {
+  // RB 4: version 4.
+  TunedChoice four = c;
+  four.m = 32;
+  four.config = KernelConfig{WeightFormat::kZ12, 4, 1, 4, 0, 1, 4};
+  ASSERT_TRUE(SaveTunedChoices({four}).ok());
+  EXPECT_EQ(nlohmann::json::parse(ReadAll(path_)).at("version"), 4);
+  loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  EXPECT_EQ(loaded->size(), 2u);
+  // Version 2, 3 and 4 files without such entries read too.
+  for (const char* text : {R"({"version": 2, "entries": []})", R"({"version": 3, "entries": []})",
+                           R"({"version": 4, "entries": []})"}) {
     WriteAll(path_, text);
     loaded = Load();
     ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
@@ -443,12 +452,12 @@ TEST_F(TuningFileTest, VersionIsTheOldestThatHoldsTheEntries) {
 }
 
 TEST_F(TuningFileTest, NewerSchemaIsNeitherReadNorOverwritten) {
-  const std::string newer = R"({"version": 4, "entries": [], "something": "new"})";
+  const std::string newer = R"({"version": 5, "entries": [], "something": "new"})";
   WriteAll(path_, newer);
   absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_CONTAINS(Msg(loaded.status()), path_);
-  EXPECT_CONTAINS(Msg(loaded.status()), "schema version 4 is newer");
+  EXPECT_CONTAINS(Msg(loaded.status()), "schema version 5 is newer");
   const absl::Status st = SaveTunedChoices({RandomChoice(rng_)});
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << Msg(st);
   EXPECT_CONTAINS(Msg(st), path_);
@@ -927,7 +936,7 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       // One trip a warp only from K = 2048:
       {16, 2048, 1024, "z12.nw8.ug1.nb2.pipe4.s1"},   // 3.91 us, best 3.77 (UG 2, one trip: 4.06)
       // m = 17..32, NB 3 and 4 (session 7; in parentheses the lexicographic rule before):
-      {32, 28672, 4096, "z12.nw4.ug1.nb4.pipe3.s1"},   // the best, 62.43 us (81.73)
+      {32, 28672, 4096, "z12.nw4.ug1.nb4.pipe0.rb4.s1"},  // session 9: 54.37 us (RB 1 62.43)
       {32, 10240, 8192, "z12.nw4.ug2.nb4.pipe0.s1"},   // the best, 48.47 us (62.50)
       {32, 4096, 4096, "z12.nw8.ug1.nb4.pipe3.s1"},    // the best, 10.60 us (24.95, split 2 ways)
       {24, 8192, 8192, "z12.nw8.ug1.nb3.pipe4.rb2.s1"},  // the best, 29.12 us (41.87)
@@ -940,6 +949,13 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {24, 28672, 4096, "bf16.nw4.ug2.nb3.pipe3.s1"},  // the best, 65.36 us (68.89)
       {24, 1024, 8192, "bf16.nw16.ug2.nb3.pipe3.s1"},  // the best, 9.42 us (16.57, split 8 ways)
       {28, 11008, 4096, "bf16.nw4.ug2.nb4.pipe3.s1"},  // held out: the best, 29.05 us (41.70)
+      // Four row blocks per CTA at NB 4 where their grid fills the slots as well (session 9):
+      {32, 14336, 4096, "z12.nw4.ug1.nb4.pipe0.rb4.s1"},   // 29.14 us (RB 1 32.55)
+      {25, 16384, 4096, "z12.nw4.ug1.nb4.pipe0.rb4.s1"},   // 30.21 us (32.63)
+      {28, 128256, 4096, "z12.nw4.ug1.nb4.pipe0.rb4.s1"},  // 217.78 us (241.66)
+      {32, 18944, 4096, "z12.nw4.ug1.nb4.pipe3.s1"},       // 45.93 us (RB 4 49.12)
+      {32, 22016, 4096, "z12.nw4.ug1.nb4.pipe3.s1"},       // 47.79 us (RB 4 51.25)
+      {32, 8192, 28672, "z12.nw4.ug1.nb4.pipe3.s1"},       // 106.95 us (RB 4 138.71)
   };
   for (const Case& c : kCases) {
     const KernelConfig want = KernelConfig::Parse(c.config).value();
@@ -1213,8 +1229,9 @@ TEST(SweepSpaceTest, ExactlyTheValidGridInAStableOrder) {
         for (int ug : {1, 2, 4}) {
           for (int pipe = 0; pipe <= (f == WeightFormat::kZ12 ? 8 : 3); ++pipe) {
             for (int s : {1, 2, 3, 4, 6, 8}) {
-              const bool rb2 = f == WeightFormat::kZ12 && nb >= 2 && ug <= 2;
-              for (int rb = 1; rb <= (rb2 ? 2 : 1); ++rb) {
+              const bool z = f == WeightFormat::kZ12;
+              const int max_rb = z && nb == 4 && ug == 1 && s == 1 ? 4 : z && nb >= 2 && ug <= 2 ? 2 : 1;
+              for (int rb = 1; rb <= max_rb; rb *= 2) {
                 const KernelConfig c{f, nw, ug, nb, pipe, s, rb};
                 // Uneven 12-bit shares of K only with the busiest warp within 1/8 of the mean.
                 const int64_t trips = shape.k / 64 / (s * ug);  // per K slice

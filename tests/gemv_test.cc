@@ -67,8 +67,10 @@ struct Problem {
 std::vector<uint16_t> MixedWeights(int64_t n, int64_t k, uint64_t seed) {
   auto w = testing::RandomMatrix(n, k, Distribution::kTiny, seed);
   for (int64_t c = 0; c < k; ++c) w[(n / 2 + 3) * k + c] = 0;  // an all-zero (dense) row
-  // and one in the next row block, so RB 2's CTAs meet a dense row in their second block too
+  // and one in the next row block, so RB 2's CTAs meet a dense row in their second block too,
+  // and one in the fourth, the upper half of RB 4's 64-bit dense-row mask
   for (int64_t c = 0; c < k; ++c) w[(n / 2 + 16 + 5) * k + c] = 0;
+  for (int64_t c = 0; c < k; ++c) w[(n / 2 + 48 + 9) * k + c] = 0;
   return w;
 }
 
@@ -100,7 +102,7 @@ TEST(Gemv, BroadConfigurationSweep) {
         for (int nb = 1; nb <= 4; ++nb)
           for (int pipe = 0; pipe <= MaxPipe(f); ++pipe)
             for (int s : {1, 2, 4})
-              for (int rb = 1; rb <= (f == WeightFormat::kZ12 ? 2 : 1); ++rb) {
+              for (int rb = 1; rb <= (f == WeightFormat::kZ12 ? 4 : 1); rb *= 2) {
                 KernelConfig c{f, nw, ug, nb, pipe, s, rb};
                 if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
               }
@@ -164,8 +166,8 @@ TEST(Gemv, DispatcherChoicesOnTheSuite) {
 
 // K whose groups few warp counts divide: 43 groups (a prime), 86 and 172 (Llama-2-7B's K, the
 // only one of the three that takes UG 4), so the 12-bit kernel's warps take uneven shares (counts
-// one trip apart) at most NW, with and without split-K, RB 2 and every PIPE; the dense rows of
-// MixedWeights and its exceptions fall in every share.
+// one trip apart) at most NW, with and without split-K, RB 2 and 4 and every PIPE; the dense rows
+// of MixedWeights and its exceptions fall in every share.
 TEST(Gemv, UnevenSharesOfK) {
   GEMVZ_REQUIRE_GPU();
   const uint64_t seed = FreshSeed();
@@ -182,7 +184,7 @@ TEST(Gemv, UnevenSharesOfK) {
         for (int nb = 1; nb <= 4; ++nb)
           for (int pipe = 0; pipe <= MaxPipe(WeightFormat::kZ12); ++pipe)
             for (int s : {1, 2})
-              for (int rb = 1; rb <= 2; ++rb) {
+              for (int rb = 1; rb <= 4; rb *= 2) {
                 const KernelConfig c{WeightFormat::kZ12, nw, ug, nb, pipe, s, rb};
                 if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
               }
@@ -353,7 +355,8 @@ TEST(Gemv, Fp32OutputIsTheUnroundedSum) {
        {GemvOptions{}, GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1, 1}},
         GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1, 2}},
         GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4, 2}},
-        GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 2, 2, 5, 2, 2}}}) {
+        GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 2, 2, 5, 2, 2}},
+        GemvOptions{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 0, 1, 4}}}) {
     SCOPED_TRACE(opt.config ? opt.config->ToString() : std::string("dispatcher"));
     d16.Fill16(kPoison);
     d32.Fill16(kPoison);  // two NaN halves: a NaN float

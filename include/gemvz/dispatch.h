@@ -24,8 +24,8 @@ struct TunedChoice {
 // The tuning file: GEMVZ_TUNING_FILE, else <CacheDirectory()>/tuning.json. JSON
 // {"version": V, "entries": [{arch, format, m, n, k, config, time_us}, ...]}, written with the
 // oldest V that holds every entry, so that older gemvz read it while they can: 1, 2 once a config
-// uses RB 2, 3 once a 12-bit entry's warps take uneven shares of K. All three are read; a newer
-// version is neither read nor overwritten.
+// uses RB 2, 3 once a 12-bit entry's warps take uneven shares of K, 4 once a config uses RB 4.
+// All four are read; a newer version is neither read nor overwritten.
 std::string TuningFilePath();
 // Merges `choices` into the tuning file (replacing entries of the same key), atomically.
 absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices);

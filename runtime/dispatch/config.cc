@@ -123,16 +123,23 @@ absl::Status ValidateConfig(const KernelConfig& c) {
                              " (got ", c.pipe, ")"));
   }
   if (c.splits < 1) return fail(absl::StrCat("S must be at least 1 (got ", c.splits, ")"));
-  if (c.rb != 1 && c.rb != 2) return fail(absl::StrCat("RB must be 1 or 2 (got ", c.rb, ")"));
+  if (c.rb != 1 && c.rb != 2 && c.rb != 4) {
+    return fail(absl::StrCat("RB must be 1, 2 or 4 (got ", c.rb, ")"));
+  }
   if (c.rb != 1 && c.format != WeightFormat::kZ12) {
-    return fail(absl::StrCat("RB 2 (two row blocks per CTA) exists for z12 only; ",
+    return fail(absl::StrCat("RB ", c.rb, " (", c.rb, " row blocks per CTA) exists for z12 only; ",
                              std::string(FormatName(c.format)), " takes RB 1"));
+  }
+  if (c.rb == 4 && c.splits != 1) {
+    return fail(absl::StrCat("RB 4 takes S = 1 only: its combine takes the fragments in turns, ",
+                             "without the split-K step (got S = ", c.splits, ")"));
   }
   if (c.nw < c.nb) {
     return fail(absl::StrCat("NW >= NB is required: the first NB warps do the final reduction (NW=",
                              c.nw, ", NB=", c.nb, ")"));
   }
-  if (c.threads() < c.rb * c.nb * 32) {
+  // (RB 4's combine takes the fragments in turns, so any thread count serves.)
+  if (c.rb != 4 && c.threads() < c.rb * c.nb * 32) {
     return fail(absl::StrCat("NW + 1 >= RB * NB is required: the first RB*NB*32 threads do the ",
                              "final reduction (NW=", c.nw, ", RB=", c.rb, ", NB=", c.nb, ")"));
   }

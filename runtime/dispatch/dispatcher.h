@@ -59,8 +59,8 @@ struct HeuristicFamilyKernel {
   int ctas_per_sm = 0;
 };
 std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels();
-// HeuristicConfig before its last step, which may trade an unsplit 12-bit NB 2 or 3 choice for
-// an RB 2 kernel whose grid fills the last wave as well (for tests of that step).
+// HeuristicConfig before its last step, which may trade an unsplit 12-bit NB 2 to 4 choice for
+// an RB 2 or RB 4 kernel whose grid fills the last wave as well (for tests of that step).
 KernelConfig HeuristicConfigWithoutRb2(const GemvShape& shape, WeightFormat format,
                                        int sm_count = 132);
 

@@ -368,29 +368,43 @@ constexpr Families kZ12Nb4 = {
     // (384x5120 5.93 against 7.63; 512x6144 6.54 against 9.32; 256x7168 6.78 against 9.86).
     {{{8, 4096, 8, 4, 1, 4}, {40, 5120, 4, 8, 1, 3}}},
 };
-// 12-bit, two row blocks per CTA (RB 2): N/32 CTAs, so their own wave arithmetic. NB 2: 88 and
-// 124 registers; NB 3: 96.
-constexpr std::array<Family, 2> kZ12Nb2Rb2 = {{
-    {4, 4, 3, {1, 0, 0}},  // 14336x4096, 16384x3072, 27648x5120, 28672x{4096,8192}
-    {3, 4, 5, {2, 0, 0}},  // 10240x8192, 12288x4096, 22016x4096, 37888x3584
+// 12-bit, several row blocks per CTA (RB 2 or 4): N/(16*RB) CTAs, so their own wave arithmetic.
+// A family's kernel is its one UG with S = 1.
+struct RowBlockFamily {
+  int rb;
+  Family family;
+};
+// NB 2: 88 and 124 registers; NB 3: 96.
+constexpr std::array<RowBlockFamily, 2> kZ12Nb2Rb = {{
+    {2, {4, 4, 3, {1, 0, 0}}},  // 14336x4096, 16384x3072, 27648x5120, 28672x{4096,8192}
+    {2, {3, 4, 5, {2, 0, 0}}},  // 10240x8192, 12288x4096, 22016x4096, 37888x3584
 }};
-constexpr std::array<Family, 1> kZ12Nb3Rb2 = {{
-    {2, 8, 4, {1, 0, 0}},  // 8192x8192, 8192x28672, 14336x4096
+constexpr std::array<RowBlockFamily, 1> kZ12Nb3Rb = {{
+    {2, {2, 8, 4, {1, 0, 0}}},  // 8192x8192, 8192x28672, 14336x4096
 }};
-// RB 2 is taken when its grid fills the last wave at least as well as the RB 1 family's, less
-// this slack: at equal fill it streamed 1-3 % faster on the H200 (session 5, m = 16: 14 shapes
-// with many row blocks, the rule's choice within 0.7 % of the best on all of them); where its
-// fill is worse it lost 2-22 % (8192x8192: 31.9 against 26.1 us).
+// NB 4: four row blocks from one load of x's 32 rows of fragments (158 registers, 2 CTAs per SM).
+// Session 9 (H200, m = 25, 28, 32, 14 shapes): 1.08-1.15x faster than the RB 1 family where its
+// grid fills the slots as well (14336x4096, 16384x4096, 28672x{4096,8192}, 128256x4096; 12288x4096
+// 1.01-1.02x, 10240x8192 0.98x), 0.90-0.94x where it fills them worse (18944x4096, 22016x4096),
+// 0.45-0.77x on grids that leave SMs idle. RB 2 at NB 4 was never the best.
+constexpr std::array<RowBlockFamily, 1> kZ12Nb4Rb = {{
+    {4, {2, 4, 0, {1, 0, 0}}},  // 14336x4096, 16384x4096, 28672x4096, 128256x4096
+}};
+// RB 2 (and RB 4) is taken when its grid fills the last wave at least as well as the RB 1
+// family's, less this slack: at equal fill it streamed 1-3 % faster on the H200 (session 5,
+// m = 16: 14 shapes with many row blocks, the rule's choice within 0.7 % of the best on all of
+// them); where its fill is worse it lost 2-22 % (8192x8192: 31.9 against 26.1 us).
 constexpr double kRb2FillSlack = 0.02;
 
-// An RB 2 family's kernel: its one UG, S 1.
-KernelConfig Rb2Kernel(const Family& f, int nb) {
-  return KernelConfig{WeightFormat::kZ12, f.nw, f.ugs[0], nb, f.pipe, 1, 2};
+// A row-block family's kernel: its one UG, S 1.
+KernelConfig RowBlockKernel(const RowBlockFamily& f, int nb) {
+  return KernelConfig{WeightFormat::kZ12, f.family.nw, f.family.ugs[0], nb, f.family.pipe, 1, f.rb};
 }
-// The RB 2 families for `nb` token blocks (none for NB 1 and 4).
-absl::Span<const Family> Rb2Families(int nb) {
-  if (nb == 2) return kZ12Nb2Rb2;
-  if (nb == 3) return kZ12Nb3Rb2;
+// The row-block families for `nb` token blocks (none for NB 1).
+absl::Span<const RowBlockFamily> RowBlockFamilies(int nb) {
+  if (nb == 2) return kZ12Nb2Rb;
+  if (nb == 3) return kZ12Nb3Rb;
+  if (nb == 4) return kZ12Nb4Rb;
   return {};
 }
 // Plain BF16 (NW warps, no exception warp): 70-116 registers at NB 1 and 88-156 at NB 2 hold
@@ -523,18 +537,15 @@ double GridFill(int64_t ctas, int ctas_per_sm, int sm_count) {
   return static_cast<double>(ctas) / static_cast<double>((ctas + slots - 1) / slots * slots);
 }
 
-// The RB 2 kernel whose grid fills the last wave best, if that is within kRb2FillSlack of the
-// RB 1 family's fill (unsplit 12-bit NB 2 and 3 launches). NB 2 counts fill by WaveFill, as it was
-// fitted; NB 3 by GridFill: its RB 2 family holds 2 CTAs per SM, and 6144x4096's 192 CTAs ran
-// 1.17x slower than the RB 1 family's 384 in 396 slots (m = 24), which WaveFill rates alike.
-std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int nb, int sm_count,
-                                         int rb1_ctas_per_sm) {
+// The row-block (RB 2 or 4) kernel whose grid fills the last wave best, if that is within
+// kRb2FillSlack of the RB 1 family's fill (unsplit 12-bit NB 2 to 4 launches). NB 2 counts fill by
+// WaveFill, as it was fitted; NB 3 and 4 by GridFill: NB 3's RB 2 family holds 2 CTAs per SM, and
+// 6144x4096's 192 CTAs ran 1.17x slower than the RB 1 family's 384 in 396 slots (m = 24), which
+// WaveFill rates alike.
+std::optional<KernelConfig> MoreRowBlocks(const GemvShape& launch, int nb, int sm_count,
+                                          int rb1_ctas_per_sm) {
   const int64_t row_blocks = launch.n / 16;
   const int64_t groups = launch.k / 64;
-  // Half the CTAs of a grid that leaves SMs idle run slower (2048x768 at m = 16 on the H200: 64
-  // CTAs of z12.nw4.ug1.nb2.pipe3.rb2 4.53 us, 128 of its RB 1 kernel 3.73), so RB 2 only where
-  // its grid gives every SM a CTA.
-  if (row_blocks % 2 != 0 || row_blocks / 2 < sm_count) return std::nullopt;
   const auto fill_of = [&](int64_t ctas, int ctas_per_sm) {
     return nb == 2 ? WaveFill((ctas + sm_count - 1) / sm_count, ctas_per_sm)
                    : GridFill(ctas, ctas_per_sm, sm_count);
@@ -542,10 +553,14 @@ std::optional<KernelConfig> TwoRowBlocks(const GemvShape& launch, int nb, int sm
   const double fill_rb1 = fill_of(row_blocks, rb1_ctas_per_sm);
   std::optional<KernelConfig> best;
   double best_fill = 0;
-  for (const Family& f : Rb2Families(nb)) {
-    const KernelConfig c = Rb2Kernel(f, nb);
+  for (const RowBlockFamily& f : RowBlockFamilies(nb)) {
+    // A fraction of the CTAs of a grid that leaves SMs idle run slower (2048x768 at m = 16 on the
+    // H200: 64 CTAs of z12.nw4.ug1.nb2.pipe3.rb2 4.53 us, 128 of its RB 1 kernel 3.73), so only
+    // where the grid gives every SM a CTA.
+    if (row_blocks % f.rb != 0 || row_blocks / f.rb < sm_count) continue;
+    const KernelConfig c = RowBlockKernel(f, nb);
     if (!Validate(c, launch, DefaultDeviceLimits()).ok() || !LongAndBalanced(groups, c)) continue;
-    const double fill = fill_of(row_blocks / 2, f.ctas_per_sm);
+    const double fill = fill_of(row_blocks / f.rb, f.family.ctas_per_sm);
     if (!best || fill > best_fill) {
       best = c;
       best_fill = fill;
@@ -665,7 +680,7 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
     if (fam.single.ctas_per_sm > 0 && need <= fam.single.ctas_per_sm &&
         (s == 1 || fam.single_split) && shape.k / s >= fam.single_min_k &&
         row_blocks * s * 100 <= int64_t{sm_count} * fam.single_max_sm_pct) {
-      // (No RB 2 step here: its grid would leave SMs idle, which TwoRowBlocks refuses.)
+      // (No RB 2 step here: its grid would leave SMs idle, which MoreRowBlocks refuses.)
       if (s == 1 && fam.single_alt.ctas_per_sm > 0) {
         if (std::optional<KernelConfig> c = FewestTrips(fam, format, launch, nb, min_trips)) {
           return c;
@@ -687,7 +702,7 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
           continue;
         }
         if (allow_rb2 && format == WeightFormat::kZ12 && s == 1) {
-          if (std::optional<KernelConfig> r = TwoRowBlocks(launch, nb, sm_count, f->ctas_per_sm)) {
+          if (std::optional<KernelConfig> r = MoreRowBlocks(launch, nb, sm_count, f->ctas_per_sm)) {
             return r;
           }
         }
@@ -727,7 +742,9 @@ std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
     }
   }
   for (int nb = 1; nb <= kMaxTokenBlocks; ++nb) {
-    for (const Family& f : Rb2Families(nb)) out.push_back({Rb2Kernel(f, nb), f.ctas_per_sm});
+    for (const RowBlockFamily& f : RowBlockFamilies(nb)) {
+      out.push_back({RowBlockKernel(f, nb), f.family.ctas_per_sm});
+    }
   }
   return out;
 }

@@ -36,14 +36,17 @@ using Json = nlohmann::ordered_json;
 // reads only version 1 cannot parse.
 // Version 3: the same; a 12-bit entry's warps may take uneven shares of K (64*S*NW*UG need not
 // divide K), which a gemvz that reads only versions 1 and 2 rejects as invalid.
+// Version 4: the same; a config may take RB 4, which a gemvz that reads only versions 1 to 3
+// rejects as invalid.
 // A file is written as the oldest version that holds all its entries, so that older gemvz keep
 // reading it while they can, and refuse it without overwriting it once they cannot. This gemvz
-// reads all three.
-constexpr int kTuningFileVersion = 3;
+// reads all four.
+constexpr int kTuningFileVersion = 4;
 constexpr int kOldestTuningFileVersion = 1;
 
 // The oldest version that holds `c`.
 int VersionFor(const TunedChoice& c) {
+  if (c.config.rb == 4) return 4;
   if (c.format == WeightFormat::kZ12 && !internal::EvenShares(c.k / 64, c.config)) return 3;
   return c.config.rb != 1 ? 2 : 1;
 }
