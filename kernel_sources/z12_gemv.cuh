@@ -65,6 +65,7 @@ __global__ void __launch_bounds__((NW + 1) * 32,
   // The combine takes RB*NB*32 C fragments: one a thread when there are enough threads, else in
   // turns (RB 4, S = 1 only).
   constexpr bool kOneFragmentPerThread = NW + 1 >= RB * NB;
+  static_assert(RB == 4 || kOneFragmentPerThread, "the first RB*NB*32 threads do the combine");
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   // cb: this CTA's RB row blocks (its pair at RB 2); negative for a dense row's CTA.
   // Dense rows' CTAs come first, so they start in the first wave and end long before the last
@@ -295,7 +296,9 @@ __global__ void __launch_bounds__((NW + 1) * 32,
 
   if constexpr (!kOneFragmentPerThread) {
     // ---- Combine in turns (RB 4): fragment f = tid, tid + (NW+1)*32, ... (its lane is tid's, so
-    // g and t are this thread's). No split-K here.
+    // g and t are this thread's). No split-K here: Validate allows RB 4 with S = 1 only, and a
+    // launch that bypassed it stops rather than store one slice's partial sums.
+    if (p.S != 1) __trap();
     for (int f = tid; f < RB * NB * 32; f += (NW + 1) * 32) {
       const int jb = f / (NB * 32), nbo = (f >> 5) % NB;
       float4 r = sum_warp_partials<NW, RB * NB>(red, f);

@@ -264,6 +264,14 @@ TEST_F(CliTest, TuneChecksAConfigurationAtItsChunkOfM) {
     EXPECT_EQ(r.out.find(" is invalid"), std::string::npos) << r.out;
     EXPECT_EQ(r.rc, HasGpu() ? 0 : 1) << r.out << r.err;
   }
+  // The tuning file keys one launch's rows: a winner at m = 48 (two launches) is not saved.
+  if (HasGpu()) {
+    const Result save =
+        Run({"tune", "--shape=4096x8192", "--m=48", "--config=z12.nw8.ug1.nb4.pipe3.s1", "--save",
+             "--replays=5", "--launches=16", "--rotate_mb=256"});
+    EXPECT_CONTAINS(save.out, "m = 48 is not saved: it runs as launches of 24 rows");
+    EXPECT_FALSE(Exists(dir_ + "/tuning.json"));
+  }
   const Result bad = Run({"tune", "--shape=4096x8192", "--m=48",
                           "--config=z12.nw8.ug2.nb4.pipe3.s16"});
   EXPECT_EQ(bad.rc, 2) << bad.err;

@@ -268,7 +268,8 @@ TEST(ConfigTest, SharedMemoryMatchesPtxas) {
   const KernelConfig configs[] = {
       {WeightFormat::kZ12, 8, 1, 2, 3, 1},    {WeightFormat::kZ12, 4, 1, 4, 0, 1},
       {WeightFormat::kZ12, 4, 1, 2, 3, 1, 2}, {WeightFormat::kZ12, 4, 1, 4, 0, 1, 4},
-      {WeightFormat::kBf16, 8, 1, 1, 3, 1},   {WeightFormat::kBf16, 4, 1, 4, 0, 1}};
+      {WeightFormat::kZ12, 3, 1, 1, 0, 1, 4}, {WeightFormat::kBf16, 8, 1, 1, 3, 1},
+      {WeightFormat::kBf16, 4, 1, 4, 0, 1}};
   for (const KernelConfig& c : configs) {
     absl::StatusOr<PrecompileResult> r = Precompile(c, "sm_90");
     ASSERT_TRUE(r.ok()) << c.ToString() << ": " << Msg(r.status());

@@ -698,10 +698,11 @@ TEST(HeuristicTest, AlwaysValidForRandomShapes) {
     SCOPED_TRACE(absl::StrCat(shape.ToString(), " ", std::string(FormatName(f)), " sm", sm));
     const KernelConfig c = HeuristicConfig(shape, f, sm);
     EXPECT_EQ(c.format, f);
-    const GemvShape launch{std::min<int64_t>(shape.m, c.tokens_per_launch()), shape.n, shape.k};
+    const GemvShape launch = internal::LaunchShape(shape, c);
     ASSERT_TRUE(Validate(c, launch).ok()) << Msg(Validate(c, launch));
-    // NB covers m (up to 32) unless K leaves no valid configuration with that many blocks.
-    const int wanted = TokenBlocksFor(shape.m);
+    // NB covers one launch's rows (m up to 32; above, its equal chunks) unless K leaves no valid
+    // configuration with that many blocks.
+    const int wanted = TokenBlocksFor(LaunchRowsFor(shape.m));
     EXPECT_LE(c.nb, wanted);
     if (c.nb < wanted) {
       EXPECT_FALSE(AnyValidWithTokenBlocks(shape, f, wanted)) << c.ToString();
@@ -1087,7 +1088,7 @@ TEST(HeuristicTest, ShortKDoesNotSplitAndRb2FillsTheGpu) {
       EXPECT_LE(shape.n / 16 * 132, 40 * sm);
       EXPECT_TRUE(IsTinySplitKernel(c));
     }
-    if (c.rb == 2) EXPECT_GE(shape.n / 32, sm);
+    if (c.rb > 1) EXPECT_GE(shape.n / (16 * c.rb), sm);  // RB 2 and 4 give every SM a CTA
   }
 }
 
@@ -1104,11 +1105,12 @@ TEST(HeuristicTest, EdgeShapes) {
   c = HeuristicConfig(GemvShape{16, 4096, 192}, WeightFormat::kBf16, 132);
   EXPECT_EQ(c.nb, 2) << c.ToString();
   EXPECT_TRUE(Validate(c, GemvShape{16, 4096, 192}).ok());
-  // Rows above one launch: the heuristic is asked for one launch's rows (LaunchRowsFor), but
-  // takes more as 32.
+  // Rows above one launch: the plan of one launch's rows (LaunchRowsFor), as Gemv runs it.
   c = HeuristicConfig(GemvShape{1000, 4096, 4096}, WeightFormat::kZ12, 132);
   EXPECT_EQ(c.nb, 4);
   EXPECT_TRUE(Validate(c, GemvShape{32, 4096, 4096}).ok());
+  EXPECT_EQ(HeuristicConfig(GemvShape{40, 4096, 4096}, WeightFormat::kZ12, 132),
+            HeuristicConfig(GemvShape{20, 4096, 4096}, WeightFormat::kZ12, 132));
   // Nonsense SM counts do not break it.
   for (int sm : {0, -5}) {
     c = HeuristicConfig(GemvShape{8, 4096, 4096}, WeightFormat::kZ12, sm);
@@ -1249,6 +1251,30 @@ TEST(SweepSpaceTest, ExactlyTheValidGridInAStableOrder) {
     const absl::flat_hash_set<KernelConfig> distinct(space.begin(), space.end());
     EXPECT_EQ(distinct.size(), space.size());
     EXPECT_EQ(SweepSpace(shape, f), space);
+  }
+}
+
+// Four row blocks only at NB 4 with UG 1 and S = 1 (the one RB 4 kernel that streams well, and
+// the only split its combine takes), and there on every valid NW and PIPE.
+TEST(SweepSpaceTest, FourRowBlocksOnlyAtNb4Ug1S1) {
+  const std::vector<KernelConfig> space =
+      SweepSpace(GemvShape{32, 28672, 4096}, WeightFormat::kZ12);
+  int rb4 = 0;
+  for (const KernelConfig& c : space) {
+    if (c.rb != 4) continue;
+    ++rb4;
+    EXPECT_EQ(c.nb, 4) << c.ToString();
+    EXPECT_EQ(c.ug, 1) << c.ToString();
+    EXPECT_EQ(c.splits, 1) << c.ToString();
+  }
+  const KernelConfig chosen{WeightFormat::kZ12, 4, 1, 4, 0, 1, 4};
+  EXPECT_NE(std::find(space.begin(), space.end(), chosen), space.end());
+  EXPECT_GE(rb4, 9);  // NW 4 with PIPE 0..8, at least
+  for (const KernelConfig& c : SweepSpace(GemvShape{16, 28672, 4096}, WeightFormat::kZ12)) {
+    if (c.nb < 4) EXPECT_LE(c.rb, 2) << c.ToString();
+  }
+  for (const KernelConfig& c : SweepSpace(GemvShape{32, 28672, 4096}, WeightFormat::kBf16)) {
+    EXPECT_EQ(c.rb, 1) << c.ToString();
   }
 }
 

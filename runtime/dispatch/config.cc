@@ -47,9 +47,10 @@ std::string GemvShape::ToString() const { return absl::StrFormat("m%d.n%d.k%d", 
 
 int64_t KernelConfig::shared_bytes() const {
   // The kernels' static arrays: red[NW][RB*NB*32] float4 and s_last; z12 adds
-  // ecorr[RB*16][NB*8+1] float and s_dense. config_test compares this with what ptxas reports.
+  // ecorr[RB*16][NB*8+1] float and s_dense (64 bits at RB 4). config_test compares this with
+  // what ptxas reports.
   int64_t bytes = static_cast<int64_t>(nw) * rb * nb * 32 * 16;
-  if (format == WeightFormat::kZ12) bytes += rb * 16 * (nb * 8 + 1) * 4 + 4;
+  if (format == WeightFormat::kZ12) bytes += rb * 16 * (nb * 8 + 1) * 4 + (rb == 4 ? 8 : 4);
   return bytes + 4;  // s_last
 }
 

@@ -19,9 +19,10 @@ inline constexpr int kMaxTokenBlocks = 4;
 inline constexpr int64_t kMaxTokensPerLaunch = 8 * kMaxTokenBlocks;
 
 // The rows of one launch for m activation rows: m itself up to kMaxTokensPerLaunch, else the
-// fewest launches that take m (ceil(m / 32)) with rows as equal as whole rows go, so that every
-// chunk runs the kernel for the fewest token blocks (m = 40: two launches of 20 rows, NB 3,
-// rather than 32 rows and 8 rows, both NB 4). Each launch of a 12-bit or plain kernel reads all
+// fewest rows per launch that take m in the fewest launches (ceil(m / 32) launches of
+// ceil(m / launches) rows, the last taking the rest), so that every chunk runs the kernel for the
+// fewest token blocks (m = 40: two launches of 20 rows, NB 3, rather than 32 rows and 8 rows,
+// both NB 4; m = 97: 25, 25, 25 and 22). Each launch of a 12-bit or plain kernel reads all
 // the weights, whatever its rows, so the count of launches is what costs most and this keeps it.
 int64_t LaunchRowsFor(int64_t m);
 // One launch of configuration `c` for a call of shape.m rows: LaunchRowsFor's rows, fewer where
@@ -65,7 +66,7 @@ KernelConfig HeuristicConfigWithoutRb2(const GemvShape& shape, WeightFormat form
                                        int sm_count = 132);
 
 // The configuration for one launch of `shape` (shape.m is the rows per launch; m above 32 is
-// planned as 32-row chunks), from, in order:
+// planned as its equal chunks, LaunchRowsFor), from, in order:
 //   1. the tuning file (source "tuning-file"): an exact (arch, format, m, n, k) entry whose
 //      configuration is valid for the shape; the file is read once per process and cached,
 //   2. the built-in table (source "tuned"): the exact entry, else the entry of the next larger m

@@ -755,7 +755,8 @@ namespace {
 
 KernelConfig Heuristic(const GemvShape& shape, WeightFormat format, int sm_count, bool allow_rb2) {
   sm_count = std::max(sm_count, 1);
-  const GemvShape s{std::max<int64_t>(shape.m, 1), shape.n, shape.k};
+  // One launch's rows: m above 32 runs as equal chunks (LaunchRowsFor), each planned alone.
+  const GemvShape s{internal::LaunchRowsFor(shape.m), shape.n, shape.k};
   const int nb_wanted = internal::TokenBlocksFor(s.m);
   // Fewer token blocks than m needs only when K admits no NW >= NB (the plain kernel's K = 64 *
   // odd with m > 8, say; the 12-bit kernel's only K/64 < NB): the caller then runs smaller chunks
