@@ -294,6 +294,28 @@ __global__ void __launch_bounds__((NW + 1) * 32,
   }
   __syncthreads();  // red, ecorr and s_dense complete
 
+  // C fragment (jb, nbo) of this thread's lane: rows g, g+8 of row block jb, tokens nbo*8 + 2t,
+  // +1. Its exact corrections, then its stores but for tokens past M and the rows that their own
+  // dense-row CTA stores.
+  auto add_corrections = [&](float4& r, int jb, int nbo) {
+    r.x += ecorr[jb * 16 + g][nbo * 8 + 2 * t];
+    r.y += ecorr[jb * 16 + g][nbo * 8 + 2 * t + 1];
+    r.z += ecorr[jb * 16 + g + 8][nbo * 8 + 2 * t];
+    r.w += ecorr[jb * 16 + g + 8][nbo * 8 + 2 * t + 1];
+  };
+  auto store_fragment = [&](const float4& r, int jb, int nbo) {
+    const float rr[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const int tok = nbo * 8 + 2 * t + (q & 1);
+      const int row = (cb * RB + jb) * 16 + g + ((q >> 1) << 3);
+      const bool dense_row = (s_dense >> (jb * 16 + (row & 15))) & 1u;
+      if (tok < M && !dense_row) {
+        store_out(p.out, static_cast<size_t>(tok) * p.ldo + row, rr[q], p.flags & 2);
+      }
+    }
+  };
+
   if constexpr (!kOneFragmentPerThread) {
     // ---- Combine in turns (RB 4): fragment f = tid, tid + (NW+1)*32, ... (its lane is tid's, so
     // g and t are this thread's). No split-K here: Validate allows RB 4 with S = 1 only, and a
@@ -302,49 +324,22 @@ __global__ void __launch_bounds__((NW + 1) * 32,
     for (int f = tid; f < RB * NB * 32; f += (NW + 1) * 32) {
       const int jb = f / (NB * 32), nbo = (f >> 5) % NB;
       float4 r = sum_warp_partials<NW, RB * NB>(red, f);
-      r.x += ecorr[jb * 16 + g][nbo * 8 + 2 * t];
-      r.y += ecorr[jb * 16 + g][nbo * 8 + 2 * t + 1];
-      r.z += ecorr[jb * 16 + g + 8][nbo * 8 + 2 * t];
-      r.w += ecorr[jb * 16 + g + 8][nbo * 8 + 2 * t + 1];
-      const float rr[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-      for (int q = 0; q < 4; q++) {
-        const int tok = nbo * 8 + 2 * t + (q & 1);
-        const int row = (cb * RB + jb) * 16 + g + ((q >> 1) << 3);
-        const bool dense_row = (s_dense >> (jb * 16 + (row & 15))) & 1u;
-        if (tok < M && !dense_row) {
-          store_out(p.out, static_cast<size_t>(tok) * p.ldo + row, rr[q], p.flags & 2);
-        }
-      }
+      add_corrections(r, jb, nbo);
+      store_fragment(r, jb, nbo);
     }
     return;
   }
-  // ---- Combine: thread tid < RB*NB*32 owns row block jb's C fragment (rows g, g+8; tokens
-  // nbo*8 + 2t, +1).
+  // ---- Combine: thread tid < RB*NB*32 owns C fragment (jb, nbo).
   float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
   const bool active = tid < RB * NB * 32;
   const int jb = RB == 1 ? 0 : tid / (NB * 32), nbo = RB == 1 ? tid >> 5 : (tid >> 5) % NB;
   if (active) {
     r = sum_warp_partials<NW, RB * NB>(red, tid);
-    r.x += ecorr[jb * 16 + g][nbo * 8 + 2 * t];
-    r.y += ecorr[jb * 16 + g][nbo * 8 + 2 * t + 1];
-    r.z += ecorr[jb * 16 + g + 8][nbo * 8 + 2 * t];
-    r.w += ecorr[jb * 16 + g + 8][nbo * 8 + 2 * t + 1];
+    add_corrections(r, jb, nbo);
   }
   if (p.S > 1 && !splitk_combine(r, active, static_cast<float4*>(p.ws), p.sem, cb, sidx, p.S,
                                  RB * NB * 32, &s_last)) {
     return;
   }
-  if (active) {
-    const float rr[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      const int tok = nbo * 8 + 2 * t + (q & 1);
-      const int row = (cb * RB + jb) * 16 + g + ((q >> 1) << 3);
-      const bool dense_row = (s_dense >> (jb * 16 + (row & 15))) & 1u;  // stored by its own CTA
-      if (tok < M && !dense_row) {
-        store_out(p.out, static_cast<size_t>(tok) * p.ldo + row, rr[q], p.flags & 2);
-      }
-    }
-  }
+  if (active) store_fragment(r, jb, nbo);
 }
