@@ -48,10 +48,10 @@ namespace fs = std::filesystem;
 using internal::Balanced;
 using internal::ChooseConfig;
 using internal::EvenShares;
+using internal::HeuristicConfigWithoutRowBlocks;
 using internal::HeuristicFamilyKernel;
 using internal::HeuristicFamilyKernels;
 using internal::kMaxShortWarpImbalance;
-using internal::HeuristicConfigWithoutRb2;
 using internal::LaunchRowsFor;
 using internal::TokenBlocksFor;
 
@@ -755,7 +755,7 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
     const int64_t row_blocks = shape.n / 16;
     const WeightFormat f = kFormats[i % 2];
     // The family rule is checked on the choice before the RB 2 step, which is checked last.
-    const KernelConfig c = HeuristicConfigWithoutRb2(shape, f, sm);
+    const KernelConfig c = HeuristicConfigWithoutRowBlocks(shape, f, sm);
     const KernelConfig chosen = HeuristicConfig(shape, f, sm);
     SCOPED_TRACE(absl::StrCat(shape.ToString(), " ", c.ToString(), " -> ", chosen.ToString()));
     const int64_t trips = shape.k / 64 / (int64_t{c.splits} * c.nw * c.ug);

@@ -76,8 +76,8 @@ struct GemvOptions {
 // (nullptr: the legacy default stream). Any m >= 1: above 32 rows, in ceil(m / 32) launches of
 // equal rows (m = 40: two of 20; more where the chosen kernel takes fewer rows, GemvPlan), each
 // reading all the weights, so beyond 32 rows a BF16 GEMM is the faster tool (docs/BENCHMARKS.md,
-// "Above m = 16"). Asynchronous; capturable in a
-// CUDA graph. Safe to call concurrently on different streams.
+// "Above m = 16"). Asynchronous; capturable in a CUDA graph. Safe to call concurrently on
+// different streams.
 absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t* out,
                   CUstream_st* stream, const GemvOptions& options = {});
 

@@ -62,8 +62,8 @@ struct HeuristicFamilyKernel {
 std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels();
 // HeuristicConfig before its last step, which may trade an unsplit 12-bit NB 2 to 4 choice for
 // an RB 2 or RB 4 kernel whose grid fills the last wave as well (for tests of that step).
-KernelConfig HeuristicConfigWithoutRb2(const GemvShape& shape, WeightFormat format,
-                                       int sm_count = 132);
+KernelConfig HeuristicConfigWithoutRowBlocks(const GemvShape& shape, WeightFormat format,
+                                             int sm_count = 132);
 
 // The configuration for one launch of `shape` (shape.m is the rows per launch; m above 32 is
 // planned as its equal chunks, LaunchRowsFor), from, in order:

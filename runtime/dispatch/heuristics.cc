@@ -394,7 +394,7 @@ constexpr std::array<RowBlockFamily, 1> kZ12Nb4Rb = {{
 // family's, less this slack: at equal fill it streamed 1-3 % faster on the H200 (session 5,
 // m = 16: 14 shapes with many row blocks, the rule's choice within 0.7 % of the best on all of
 // them); where its fill is worse it lost 2-22 % (8192x8192: 31.9 against 26.1 us).
-constexpr double kRb2FillSlack = 0.02;
+constexpr double kRowBlockFillSlack = 0.02;
 
 // A row-block family's kernel: its one UG, S 1.
 KernelConfig RowBlockKernel(const RowBlockFamily& f, int nb) {
@@ -538,10 +538,10 @@ double GridFill(int64_t ctas, int ctas_per_sm, int sm_count) {
 }
 
 // The row-block (RB 2 or 4) kernel whose grid fills the last wave best, if that is within
-// kRb2FillSlack of the RB 1 family's fill (unsplit 12-bit NB 2 to 4 launches). NB 2 counts fill by
-// WaveFill, as it was fitted; NB 3 and 4 by GridFill: NB 3's RB 2 family holds 2 CTAs per SM, and
-// 6144x4096's 192 CTAs ran 1.17x slower than the RB 1 family's 384 in 396 slots (m = 24), which
-// WaveFill rates alike.
+// kRowBlockFillSlack of the RB 1 family's fill (unsplit 12-bit NB 2 to 4 launches). NB 2 counts
+// fill by WaveFill, as it was fitted; NB 3 and 4 by GridFill: NB 3's RB 2 family holds 2 CTAs per
+// SM, and 6144x4096's 192 CTAs ran 1.17x slower than the RB 1 family's 384 in 396 slots (m = 24),
+// which WaveFill rates alike.
 std::optional<KernelConfig> MoreRowBlocks(const GemvShape& launch, int nb, int sm_count,
                                           int rb1_ctas_per_sm) {
   const int64_t row_blocks = launch.n / 16;
@@ -566,7 +566,7 @@ std::optional<KernelConfig> MoreRowBlocks(const GemvShape& launch, int nb, int s
       best_fill = fill;
     }
   }
-  if (best && best_fill >= fill_rb1 - kRb2FillSlack) return best;
+  if (best && best_fill >= fill_rb1 - kRowBlockFillSlack) return best;
   return std::nullopt;
 }
 
@@ -602,7 +602,7 @@ std::optional<KernelConfig> FewestTrips(const Families& fam, WeightFormat format
 }
 
 std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, int nb,
-                                   int sm_count, bool allow_rb2) {
+                                   int sm_count, bool allow_row_blocks) {
   const Families* families = FamiliesFor(format, nb);
   if (families == nullptr) return std::nullopt;
   const Families& fam = *families;
@@ -701,7 +701,7 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
             MinTripsPerWarp(groups, c) < fam.narrow_split_min_trips) {
           continue;
         }
-        if (allow_rb2 && format == WeightFormat::kZ12 && s == 1) {
+        if (allow_row_blocks && format == WeightFormat::kZ12 && s == 1) {
           if (std::optional<KernelConfig> r = MoreRowBlocks(launch, nb, sm_count, f->ctas_per_sm)) {
             return r;
           }
@@ -753,7 +753,8 @@ std::vector<HeuristicFamilyKernel> HeuristicFamilyKernels() {
 
 namespace {
 
-KernelConfig Heuristic(const GemvShape& shape, WeightFormat format, int sm_count, bool allow_rb2) {
+KernelConfig Heuristic(const GemvShape& shape, WeightFormat format, int sm_count,
+                       bool allow_row_blocks) {
   sm_count = std::max(sm_count, 1);
   // One launch's rows: m above 32 runs as equal chunks (LaunchRowsFor), each planned alone.
   const GemvShape s{internal::LaunchRowsFor(shape.m), shape.n, shape.k};
@@ -764,7 +765,8 @@ KernelConfig Heuristic(const GemvShape& shape, WeightFormat format, int sm_count
   for (int nb = nb_wanted; nb >= 1; --nb) {
     // K that no family takes gets BestWithTokenBlocks: ShortKFallback for 12-bit K below
     // kMinSplitK at NB 1-2, else the lexicographic rule.
-    if (std::optional<KernelConfig> c = Shaped(s, format, nb, sm_count, allow_rb2)) return *c;
+    if (std::optional<KernelConfig> c = Shaped(s, format, nb, sm_count, allow_row_blocks))
+      return *c;
     if (std::optional<KernelConfig> c = BestWithTokenBlocks(s, format, nb, sm_count)) return *c;
   }
   // Only shapes no kernel takes (N % 16, K % 64) get here; Validate names their problem.
@@ -775,15 +777,15 @@ KernelConfig Heuristic(const GemvShape& shape, WeightFormat format, int sm_count
 
 namespace internal {
 
-KernelConfig HeuristicConfigWithoutRb2(const GemvShape& shape, WeightFormat format,
-                                       int sm_count) {
-  return Heuristic(shape, format, sm_count, /*allow_rb2=*/false);
+KernelConfig HeuristicConfigWithoutRowBlocks(const GemvShape& shape, WeightFormat format,
+                                             int sm_count) {
+  return Heuristic(shape, format, sm_count, /*allow_row_blocks=*/false);
 }
 
 }  // namespace internal
 
 KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm_count) {
-  return Heuristic(shape, format, sm_count, /*allow_rb2=*/true);
+  return Heuristic(shape, format, sm_count, /*allow_row_blocks=*/true);
 }
 
 }  // namespace gemvz

@@ -519,13 +519,13 @@ int RunTune(const std::vector<std::string>& args) {
       // The tuning file keys one launch's rows. A winner timed over several launches (m above
       // 32) is not that launch's winner: a configuration with fewer token blocks runs more
       // launches at this m than at the key's. So it is reported, not saved.
-      if (internal::LaunchRowsFor(c.m) != c.m) {
+      if (const int64_t rows = internal::LaunchRowsFor(c.m); rows != c.m) {
         if (absl::GetFlag(FLAGS_save)) {
           std::printf(
               "--save: m = %lld is not saved: it runs as launches of %lld rows; "
               "tune --m=%lld to choose their configuration\n",
-              static_cast<long long>(c.m), static_cast<long long>(internal::LaunchRowsFor(c.m)),
-              static_cast<long long>(internal::LaunchRowsFor(c.m)));
+              static_cast<long long>(c.m), static_cast<long long>(rows),
+              static_cast<long long>(rows));
         }
         continue;
       }
