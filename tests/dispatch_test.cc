@@ -1227,7 +1227,7 @@ TEST(SweepSpaceTest, ExactlyTheValidGridInAStableOrder) {
     const int nb0 = TokenBlocksFor(launch.m);
     std::vector<KernelConfig> expected;
     for (int nb = nb0; nb <= std::min(nb0 + 1, 4); ++nb) {
-      for (int nw : {1, 2, 4, 6, 8, 12, 16}) {
+      for (int nw : {1, 2, 3, 4, 6, 8, 12, 16}) {
         for (int ug : {1, 2, 4}) {
           for (int pipe = 0; pipe <= (f == WeightFormat::kZ12 ? 8 : 3); ++pipe) {
             for (int s : {1, 2, 3, 4, 6, 8}) {
@@ -1298,8 +1298,9 @@ TEST(SweepSpaceTest, ContainsTheTunedTableAndIsBounded) {
         << c.config.ToString() << " m" << c.m << " " << c.n << "x" << c.k;
     // A full sweep times every entry at each m: 900 configurations per suite shape before RB 2,
     // 1107 with it (the NB >= 2, UG <= 2 share), up to 1485 with the 12-bit kernel's balanced
-    // uneven shares of K (NW 6 and 12 on the suite's K); this bounds the growth of a sweep's time.
-    EXPECT_LE(space.size(), 1500u);
+    // uneven shares of K (NW 6 and 12 on the suite's K), up to 1755 with NW 3 (session 10); this
+    // bounds the growth of a sweep's time.
+    EXPECT_LE(space.size(), 1800u);
     EXPECT_GE(space.size(), 50u);  // the suite's shapes leave plenty to time
   }
   // Nothing is valid for shapes no kernel takes.

@@ -10,7 +10,8 @@
 namespace gemvz {
 namespace {
 
-constexpr int kSweepNw[] = {1, 2, 4, 6, 8, 12, 16};
+// NW 3 (uneven shares on power-of-two K) won six of the suite's rows in session 10.
+constexpr int kSweepNw[] = {1, 2, 3, 4, 6, 8, 12, 16};
 constexpr int kSweepUg[] = {1, 2, 4};
 constexpr int kSweepSplits[] = {1, 2, 3, 4, 6, 8};
 
