@@ -876,6 +876,13 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {8, 12288, 4096, "z12.nw8.ug2.nb1.pipe3.s1"},    // 19.92 us, best 19.79
       {1, 2048, 2048, "z12.nw16.ug1.nb1.pipe2.s1"},    // the best, 3.86 us (one CTA per SM: 4.11)
       {1, 128256, 4096, "z12.nw8.ug2.nb1.pipe3.s1"},   // the best, 174.32 us
+      // NB 1 grids of 6.x to 7 CTAs per SM: three warps, 7 CTAs per SM (session 10, two rounds;
+      // the 4-CTA family's time in parentheses):
+      {1, 14336, 4096, "z12.nw3.ug2.nb1.pipe3.s1"},    // 22.17 us (22.95)
+      {8, 12800, 14336, "z12.nw3.ug2.nb1.pipe3.s1"},   // 64.37 us (70.05)
+      {8, 14080, 2048, "z12.nw3.ug2.nb1.pipe3.s1"},    // 12.55 us (13.25)
+      {1, 14336, 3584, "z12.nw3.ug2.nb1.pipe3.s1"},    // 19.80 us (20.50)
+      {8, 16384, 3072, "z12.nw8.ug2.nb1.pipe6.s1"},    // 20.21 us: 8 per SM fill 4-CTA waves
       // One uncapped CTA of 16 warps per SM (session 6, against PIPE 2 and splits):
       {1, 512, 8192, "z12.nw16.ug1.nb1.pipe2.s4"},     // 5.33 us, best 5.27 (unsplit one CTA)
       {1, 256, 32768, "z12.nw16.ug2.nb1.pipe3.s8"},    // the best, 7.26 us (PIPE 2: 7.42)
