@@ -947,7 +947,8 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {32, 28672, 4096, "z12.nw4.ug1.nb4.pipe0.rb4.s1"},  // session 9: 54.37 us (RB 1 62.43)
       {32, 10240, 8192, "z12.nw4.ug2.nb4.pipe0.s1"},   // the best, 48.47 us (62.50)
       {32, 4096, 4096, "z12.nw8.ug1.nb4.pipe3.s1"},    // the best, 10.60 us (24.95, split 2 ways)
-      {24, 8192, 8192, "z12.nw8.ug1.nb3.pipe4.rb2.s1"},  // the best, 29.12 us (41.87)
+      {24, 8192, 8192, "z12.nw5.ug2.nb3.pipe4.rb2.s1"},  // session 10: 28.70 us (NW 8: 29.86)
+      {24, 8192, 2048, "z12.nw8.ug1.nb3.pipe4.rb2.s1"},  // 16 trips: NW 5 unbalanced
       {24, 4096, 11008, "z12.nw12.ug1.nb3.pipe2.s1"},  // the best, 21.95 us (39.09)
       {24, 2048, 4096, "z12.nw16.ug2.nb3.pipe3.s1"},   // the best, 7.15 us (16.08, split 4 ways)
       {20, 5120, 5120, "z12.nw4.ug4.nb3.pipe5.s1"},    // held out: the best, 13.84 us (19.40)

@@ -383,13 +383,19 @@ struct RowBlockFamily {
   int rb;
   Family family;
 };
-// NB 2: 88 and 124 registers; NB 3: 96.
+// NB 2: 88 and 124 registers; NB 3: 154 and 96. At equal fill the first valid family with
+// balanced shares is taken (MoreRowBlocks).
 constexpr std::array<RowBlockFamily, 2> kZ12Nb2Rb = {{
     {2, {4, 4, 3, {1, 0, 0}}},  // 14336x4096, 16384x3072, 27648x5120, 28672x{4096,8192}
     {2, {3, 4, 5, {2, 0, 0}}},  // 10240x8192, 12288x4096, 22016x4096, 37888x3584
 }};
-constexpr std::array<RowBlockFamily, 1> kZ12Nb3Rb = {{
-    {2, {2, 8, 4, {1, 0, 0}}},  // 8192x8192, 8192x28672, 14336x4096
+// Session 10 (H200, m = 17 and 24, 10 shapes, two rounds): five warps with UG 2 were 2.2-8.5 %
+// faster than NW 8 with UG 1 on 19 of the 20 cases (57344x8192 0.917x and 0.928x, 14336x14336
+// 0.915x and 0.931x, 14336x4096 0.970x and 0.978x), 3.2 % slower on 8192x3584 at m = 24. NW 8
+// stays for K that five warps cannot share in balance (K = 2048: 16 trips).
+constexpr std::array<RowBlockFamily, 2> kZ12Nb3Rb = {{
+    {2, {2, 5, 4, {2, 0, 0}}},  // 8192x8192, 8192x28672, 14336x4096, 57344x8192, 128256x4096
+    {2, {2, 8, 4, {1, 0, 0}}},  // K = 2048
 }};
 // NB 4: four row blocks from one load of x's 32 rows of fragments (158 registers, 2 CTAs per SM).
 // Session 9 (H200, m = 25, 28, 32, 14 shapes): 1.08-1.15x faster than the RB 1 family where its
