@@ -883,6 +883,12 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {8, 14080, 2048, "z12.nw3.ug2.nb1.pipe3.s1"},    // 12.55 us (13.25)
       {1, 14336, 3584, "z12.nw3.ug2.nb1.pipe3.s1"},    // 19.80 us (20.50)
       {8, 16384, 3072, "z12.nw8.ug2.nb1.pipe6.s1"},    // 20.21 us: 8 per SM fill 4-CTA waves
+      // ... and only there: not where another family fills best or the grid is a many-wave one,
+      // nor for K below 2048 (not measured; the choices from before it):
+      {1, 4240, 512, "z12.nw8.ug1.nb1.pipe3.s1"},
+      {1, 20480, 960, "z12.nw8.ug1.nb1.pipe3.s1"},
+      {1, 14080, 512, "z12.nw8.ug1.nb1.pipe3.s1"},
+      {1, 14336, 1024, "z12.nw8.ug1.nb1.pipe6.s1"},
       // One uncapped CTA of 16 warps per SM (session 6, against PIPE 2 and splits):
       {1, 512, 8192, "z12.nw16.ug1.nb1.pipe2.s4"},     // 5.33 us, best 5.27 (unsplit one CTA)
       {1, 256, 32768, "z12.nw16.ug2.nb1.pipe3.s8"},    // the best, 7.26 us (PIPE 2: 7.42)
@@ -948,7 +954,9 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {32, 10240, 8192, "z12.nw4.ug2.nb4.pipe0.s1"},   // the best, 48.47 us (62.50)
       {32, 4096, 4096, "z12.nw8.ug1.nb4.pipe3.s1"},    // the best, 10.60 us (24.95, split 2 ways)
       {24, 8192, 8192, "z12.nw5.ug2.nb3.pipe4.rb2.s1"},  // session 10: 28.70 us (NW 8: 29.86)
-      {24, 8192, 2048, "z12.nw8.ug1.nb3.pipe4.rb2.s1"},  // 16 trips: NW 5 unbalanced
+      {24, 8192, 2048, "z12.nw8.ug1.nb3.pipe4.rb2.s1"},  // NW 5 from K = 4096 only
+      {24, 8192, 3584, "z12.nw8.ug1.nb3.pipe4.rb2.s1"},  // 14.74 us (NW 5: 15.22)
+      {24, 8192, 1280, "z12.nw4.ug1.nb3.pipe5.s1"},      // RB 1, as before NW 5
       {24, 4096, 11008, "z12.nw12.ug1.nb3.pipe2.s1"},  // the best, 21.95 us (39.09)
       {24, 2048, 4096, "z12.nw16.ug2.nb3.pipe3.s1"},   // the best, 7.15 us (16.08, split 4 ways)
       {20, 5120, 5120, "z12.nw4.ug4.nb3.pipe5.s1"},    // held out: the best, 13.84 us (19.40)

@@ -219,8 +219,9 @@ struct Family {
   int nw;
   int pipe;
   std::array<int, 3> ugs;  // in order of preference; 0 ends the list
-  // A mid family taken only where it fills the last wave best of the mid families, never as a
-  // fallback for shapes the others refuse (short K, measured with other kernels).
+  // A mid family taken only where it fills the last wave best of the mid families and K is at
+  // least kBestFillOnlyMinK, never as a fallback for shapes the others refuse (short K, measured
+  // with other kernels).
   bool best_fill_only = false;
 };
 
@@ -265,6 +266,8 @@ struct Families {
 };
 
 constexpr int kMaxShapedCtasPerSm = 8;
+// The shortest K a best_fill_only family was measured at (session 10: K = 2048 to 14336).
+constexpr int64_t kBestFillOnlyMinK = 2048;
 
 // 12-bit, NB 1.
 constexpr Families kZ12Nb1 = {
@@ -382,6 +385,7 @@ constexpr Families kZ12Nb4 = {
 struct RowBlockFamily {
   int rb;
   Family family;
+  int64_t min_k = 0;  // taken only from this K on (where it was measured)
 };
 // NB 2: 88 and 124 registers; NB 3: 154 and 96. At equal fill the first valid family with
 // balanced shares is taken (MoreRowBlocks).
@@ -392,10 +396,11 @@ constexpr std::array<RowBlockFamily, 2> kZ12Nb2Rb = {{
 // Session 10 (H200, m = 17 and 24, 10 shapes, two rounds): five warps with UG 2 were 2.2-8.5 %
 // faster than NW 8 with UG 1 on 19 of the 20 cases (57344x8192 0.917x and 0.928x, 14336x14336
 // 0.915x and 0.931x, 14336x4096 0.970x and 0.978x), 3.2 % slower on 8192x3584 at m = 24. NW 8
-// stays for K that five warps cannot share in balance (K = 2048: 16 trips).
+// stays below K = 4096, where NW 5 was not measured or lost (8192x3584), and so for K that five
+// warps cannot share in balance (K = 2048: 16 trips).
 constexpr std::array<RowBlockFamily, 2> kZ12Nb3Rb = {{
-    {2, {2, 5, 4, {2, 0, 0}}},  // 8192x8192, 8192x28672, 14336x4096, 57344x8192, 128256x4096
-    {2, {2, 8, 4, {1, 0, 0}}},  // K = 2048
+    {2, {2, 5, 4, {2, 0, 0}}, 4096},  // 8192x8192, 8192x28672, 14336x4096, 57344x8192
+    {2, {2, 8, 4, {1, 0, 0}}},        // K below 4096 (8192x3584, 8192x2048)
 }};
 // NB 4: four row blocks from one load of x's 32 rows of fragments (158 registers, 2 CTAs per SM).
 // Session 9 (H200, m = 25, 28, 32, 14 shapes): 1.08-1.15x faster than the RB 1 family where its
@@ -500,7 +505,7 @@ constexpr bool FamiliesCountAlike(const Families& fam) {
 }
 // Apart from the optional single family (fewer still), the wide family holds the fewest CTAs per
 // SM and mid lists the others in ascending order (the order the rule tries them in when the grid
-// fits the wide family), empty slots last.
+// fits the wide family, best_fill_only ones left out), empty slots last.
 constexpr bool FamiliesAscend(const Families& fam) {
   if (fam.single.ctas_per_sm != 0 && fam.single.ctas_per_sm >= fam.wide.ctas_per_sm) return false;
   if (fam.single_alt.ctas_per_sm != 0 && fam.single_alt.ctas_per_sm != fam.single.ctas_per_sm) {
@@ -572,7 +577,7 @@ std::optional<KernelConfig> MoreRowBlocks(const GemvShape& launch, int nb, int s
     // A fraction of the CTAs of a grid that leaves SMs idle run slower (2048x768 at m = 16 on the
     // H200: 64 CTAs of z12.nw4.ug1.nb2.pipe3.rb2 4.53 us, 128 of its RB 1 kernel 3.73), so only
     // where the grid gives every SM a CTA.
-    if (row_blocks % f.rb != 0 || row_blocks / f.rb < sm_count) continue;
+    if (row_blocks % f.rb != 0 || row_blocks / f.rb < sm_count || launch.k < f.min_k) continue;
     const KernelConfig c = RowBlockKernel(f, nb);
     if (!Validate(c, launch, DefaultDeviceLimits()).ok() || !LongAndBalanced(groups, c)) continue;
     const double fill = fill_of(row_blocks / f.rb, f.family.ctas_per_sm);
@@ -671,12 +676,13 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
       if (fill_a != fill_b) return fill_a > fill_b;
       return a->ctas_per_sm > b->ctas_per_sm;  // equal waste: fewer waves
     });
-    // A best_fill_only family is tried first if it fills best and the grid is a mid one, else
-    // not at all.
-    const bool mid_grid = need > fam.wide.ctas_per_sm && need <= kMaxShapedCtasPerSm;
+    // A best_fill_only family is tried first if it fills best, the grid is a mid one and K is
+    // long enough, else not at all.
+    const bool best_fill_taken = need > fam.wide.ctas_per_sm && need <= kMaxShapedCtasPerSm &&
+                                 shape.k >= kBestFillOnlyMinK;
     std::vector<const Family*> kept;
     for (size_t i = 0; i < by_fill.size(); ++i) {
-      if (!by_fill[i]->best_fill_only || (i == 0 && mid_grid)) kept.push_back(by_fill[i]);
+      if (!by_fill[i]->best_fill_only || (i == 0 && best_fill_taken)) kept.push_back(by_fill[i]);
     }
     by_fill = kept;
     std::vector<const Family*> order;
