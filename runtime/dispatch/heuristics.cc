@@ -678,8 +678,8 @@ std::optional<KernelConfig> Shaped(const GemvShape& shape, WeightFormat format, 
     });
     // A best_fill_only family is tried first if it fills best, the grid is a mid one and K is
     // long enough, else not at all.
-    const bool best_fill_taken = need > fam.wide.ctas_per_sm && need <= kMaxShapedCtasPerSm &&
-                                 shape.k >= kBestFillOnlyMinK;
+    const bool best_fill_taken =
+        need > fam.wide.ctas_per_sm && need <= kMaxShapedCtasPerSm && shape.k >= kBestFillOnlyMinK;
     std::vector<const Family*> kept;
     for (size_t i = 0; i < by_fill.size(); ++i) {
       if (!by_fill[i]->best_fill_only || (i == 0 && best_fill_taken)) kept.push_back(by_fill[i]);
