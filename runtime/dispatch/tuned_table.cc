@@ -14,7 +14,7 @@
 // gemvz::SweepSpace, keeping the fastest configuration that does not spill and whose NB is the
 // smallest that covers m (a larger NB only adds work; where one measured faster it was within
 // noise). time_us is its median there (weights rotated through 512 MiB, CUDA graphs). The
-// 12-bit kernel wins with NB 1, 4 to 16 warps, UG 1-2 at m = 1 and 8, and NB 2 at m = 16;
+// 12-bit kernel wins with NB 1, 3 to 16 warps, UG 1-4 at m = 1 and 8, and NB 2 at m = 16;
 // split-K never won on this suite. ptxas's register allocation moves with small kernel edits
 // and decides CTAs per SM, so re-sweep after any change to kernel_sources/.
 // PIPE 4..8 (register caps, two accumulator chains; the PIPE 0..3 code unchanged) were timed on
