@@ -75,7 +75,7 @@ constexpr int64_t kStarvedMinK = 2048;
 // The loop trips of the warp with the fewest: the 12-bit kernel's warps share a K slice's trips of
 // UG groups as evenly as whole trips go (kernel_sources/k_range.cuh).
 int64_t MinTripsPerWarp(int64_t groups, const KernelConfig& c) {
-  return groups / c.ug / (int64_t{c.splits} * c.nw);
+  return internal::TripsOf(groups, c).trips / c.nw;
 }
 
 using internal::Balanced;
@@ -797,8 +797,9 @@ KernelConfig Heuristic(const GemvShape& shape, WeightFormat format, int sm_count
   for (int nb = nb_wanted; nb >= 1; --nb) {
     // K that no family takes gets BestWithTokenBlocks: ShortKFallback for 12-bit K below
     // kMinSplitK at NB 1-2, else the lexicographic rule.
-    if (std::optional<KernelConfig> c = Shaped(s, format, nb, sm_count, allow_row_blocks))
+    if (std::optional<KernelConfig> c = Shaped(s, format, nb, sm_count, allow_row_blocks)) {
       return *c;
+    }
     if (std::optional<KernelConfig> c = BestWithTokenBlocks(s, format, nb, sm_count)) return *c;
   }
   // Only shapes no kernel takes (N % 16, K % 64) get here; Validate names their problem.
