@@ -181,7 +181,10 @@ absl::Status Validate(const KernelConfig& c, const GemvShape& s, const DeviceLim
   // The kernels take M, N and K as 32-bit ints.
   if (s.n > INT32_MAX || s.k > INT32_MAX) return fail("N and K must be below 2^31");
   if (c.format == WeightFormat::kBf16) {
-    // The plain kernel's warps take equal shares of K.
+    // The plain kernel's warps take equal shares of K. (Dealt as the 12-bit kernel's are, through
+    // k_range, its loop bound would depend on the warp, and ptxas then gave the heuristic's
+    // plain families 2-8 more registers or a spill on sm_90 (NW 8, UG 2, NB 3, PIPE 3: 130 instead
+    // of 128, one CTA per SM instead of two), even on K that NW divides; session 11, not kept.)
     const int64_t quantum = int64_t{64} * c.splits * c.nw * c.ug;
     if (s.k % quantum != 0) {
       return fail(absl::StrCat("K must be divisible by 64*S*NW*UG = ", quantum,
