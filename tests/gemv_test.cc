@@ -247,13 +247,14 @@ TEST(Gemv, DispatcherChoicesOnTheTiniestGrids) {
 }
 
 // m = 17..32 (NB 3 and 4): every kind of choice of the heuristic's NB 3-4 families: the wide
-// one, the mid ones, RB 2 at NB 3 (8192x8192), the one-CTA family (2048x4096, 1024x8192), odd K
-// (4096x11008: uneven shares for the 12-bit kernel, the plain kernel's lexicographic rule at
-// NB 3); both formats.
+// one, the mid ones, RB 2 at NB 3 (8192x8192), RB 4 at NB 3 and 4 (14336x4096), the one-CTA
+// family (2048x4096, 1024x8192), odd K (4096x11008: uneven shares for the 12-bit kernel, the
+// plain kernel's lexicographic rule at NB 3); both formats.
 TEST(Gemv, DispatcherChoicesForM17To32) {
   GEMVZ_REQUIRE_GPU();
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {8192, 8192}, {6144, 4096}, {10240, 4096}, {4096, 11008}, {2048, 4096}, {1024, 8192}};
+      {8192, 8192}, {6144, 4096}, {10240, 4096}, {4096, 11008},
+      {2048, 4096}, {1024, 8192}, {14336, 4096}};
   CheckDispatcherChoices(shapes, {17, 24, 25, 32});
   CheckDispatcherChoices(shapes, {17, 24, 25, 32}, /*plain=*/true);
 }

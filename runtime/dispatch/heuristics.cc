@@ -398,8 +398,14 @@ constexpr std::array<RowBlockFamily, 2> kZ12Nb2Rb = {{
 // 0.915x and 0.931x, 14336x4096 0.970x and 0.978x), 3.2 % slower on 8192x3584 at m = 24. NW 8
 // stays below K = 4096, where NW 5 was not measured or lost (8192x3584), and so for K that five
 // warps cannot share in balance (K = 2048: 16 trips).
-constexpr std::array<RowBlockFamily, 2> kZ12Nb3Rb = {{
-    {2, {2, 5, 4, {2, 0, 0}}, 4096},  // 8192x8192, 8192x28672, 14336x4096, 57344x8192
+// Session 11 (H200, m = 17 and 24, 16 shapes): four row blocks with five warps (154 registers, 2
+// CTAs per SM as the RB 2 family) were 1.6-6.1 % faster than that family where they fill the
+// slots as well (14336x4096 0.939x and 0.941x, 13824x5120, 14336x14336, 16384x4096, 16384x5120,
+// 128256x4096), and slower where they fill them worse (22016x4096 1.10-1.12x, 57344x8192
+// 1.03-1.05x), as the fill rule has it; listed first, so taken at equal fill.
+constexpr std::array<RowBlockFamily, 3> kZ12Nb3Rb = {{
+    {4, {2, 5, 4, {1, 0, 0}}, 4096},  // 14336x4096, 16384x4096, 14336x14336, 128256x4096
+    {2, {2, 5, 4, {2, 0, 0}}, 4096},  // 8192x8192, 8192x28672, 22016x4096, 57344x8192
     {2, {2, 8, 4, {1, 0, 0}}},        // K below 4096 (8192x3584, 8192x2048)
 }};
 // NB 4: four row blocks from one load of x's 32 rows of fragments (158 registers, 2 CTAs per SM).

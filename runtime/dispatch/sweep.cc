@@ -38,10 +38,10 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
           for (int s : kSweepSplits) {
             // z12's two row blocks per CTA where they can pay: with NB >= 2 (x's fragments are
             // then the larger share of a warp's registers; at NB 1 they gained nothing on the
-            // H200) and UG 1 or 2 (at UG 4 a warp would hold eight groups' weights); four at NB 4
-            // with UG 1 (S = 1 only).
+            // H200) and UG 1 or 2 (at UG 4 a warp would hold eight groups' weights); four with
+            // UG 1 (S = 1 only; at NB 4 since session 9, NB 2 and 3 since session 11).
             const bool z12 = format == WeightFormat::kZ12;
-            const int max_rb = z12 && nb == 4 && ug == 1 && s == 1 ? 4
+            const int max_rb = z12 && nb >= 2 && ug == 1 && s == 1 ? 4
                                : z12 && nb >= 2 && ug <= 2         ? 2
                                                                    : 1;
             for (int rb = 1; rb <= max_rb; rb *= 2) {
