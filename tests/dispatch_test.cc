@@ -1302,7 +1302,7 @@ TEST(SweepSpaceTest, FourRowBlocksOnlyAtNb2To4Ug1S1) {
   // The RB 4 kernels of the tuned table (NB 2) and of the heuristic's NB 4 family (NB 3's has
   // NW 5, which the sweep leaves out).
   for (const auto& [m, chosen] :
-       {std::pair<int64_t, KernelConfig>{16, {WeightFormat::kZ12, 3, 1, 2, 6, 1, 4}},
+       {std::pair<int64_t, KernelConfig>{16, {WeightFormat::kZ12, 3, 1, 2, 3, 1, 4}},
         std::pair<int64_t, KernelConfig>{32, {WeightFormat::kZ12, 4, 1, 4, 0, 1, 4}}}) {
     const std::vector<KernelConfig> space =
         SweepSpace(GemvShape{m, 28672, 4096}, WeightFormat::kZ12);

@@ -387,7 +387,7 @@ struct RowBlockFamily {
   Family family;
   int64_t min_k = 0;  // taken only from this K on (where it was measured)
 };
-// NB 2: 88 and 124 registers; NB 3: 154 and 96. At equal fill the first valid family with
+// NB 2: 88 and 124 registers; NB 3: 154, 154 and 96. At equal fill the first valid family with
 // balanced shares is taken (MoreRowBlocks).
 constexpr std::array<RowBlockFamily, 2> kZ12Nb2Rb = {{
     {2, {4, 4, 3, {1, 0, 0}}},  // 14336x4096, 16384x3072, 27648x5120, 28672x{4096,8192}
