@@ -812,9 +812,10 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
     } else {
       EXPECT_EQ(c.KernelName(), e.many);
     }
-    // The RB 2 step, unsplit 12-bit NB 2 only: of z12.nw4.ug1.nb2.pipe3.rb2 (4 CTAs per SM) and
-    // z12.nw4.ug2.nb2.pipe5.rb2 (3), the one whose N/32 CTAs fill the last wave best (the first
-    // on a tie), if it keeps 2 trips per warp and fills at least as well as `c` less 0.02.
+    // The row-block step, unsplit 12-bit NB 2 only: of z12.nw4.ug1.nb2.pipe3.rb2 (4 CTAs per SM)
+    // and z12.nw4.ug2.nb2.pipe5.rb2 (3), on N/32 CTAs, and z12.nw3.ug1.nb2.pipe3.rb4 (4) on N/64
+    // CTAs where they give every SM one, the one that fills the last wave best (the first on a
+    // tie), if it keeps 2 trips per warp and fills at least as well as `c` less 0.02.
     std::optional<KernelConfig> rb2;
     double rb2_fill = 0;
     if (z12 && c.nb == 2 && c.splits == 1 && row_blocks % 2 == 0) {
@@ -827,6 +828,14 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
           rb2 = KernelConfig{WeightFormat::kZ12, 4, ug, 2, pipe, 1, 2};
           rb2_fill = f2;
         }
+      }
+    }
+    if (z12 && c.nb == 2 && c.splits == 1 && row_blocks % 4 == 0 && row_blocks / 4 >= sm) {
+      const int64_t need4 = (row_blocks / 4 + sm - 1) / sm;
+      const double f4 = static_cast<double>(need4) / static_cast<double>((need4 + 3) / 4 * 4);
+      if (!rb2 || f4 > rb2_fill) {
+        rb2 = KernelConfig{WeightFormat::kZ12, 3, 1, 2, 3, 1, 4};
+        rb2_fill = f4;
       }
     }
     if (rb2 && rb2_fill >= fill(ctas) - 0.02) {
@@ -871,8 +880,14 @@ TEST(HeuristicTest, PicksWhatTheSweepsFoundFast) {
       {16, 12288, 4096, "z12.nw4.ug2.nb2.pipe5.rb2.s1"},  // the best, 20.33 us (pipe8: 20.49)
       {16, 14336, 4096, "z12.nw4.ug1.nb2.pipe3.rb2.s1"},  // the best, 23.58 us (24.19)
       {16, 37888, 3584, "z12.nw4.ug2.nb2.pipe5.rb2.s1"},  // the best, 49.19 us (50.82)
-      {16, 28672, 8192, "z12.nw4.ug1.nb2.pipe3.rb2.s1"},  // the best, 85.33 us (87.75)
       {16, 18432, 16384, "z12.nw4.ug2.nb2.pipe5.rb2.s1"},  // held out: the best, 115.68 (122.36)
+      // RB 4 at NB 2 where its N/64 CTAs fill the slots best (session 11, two rounds; the RB 2
+      // family's time in parentheses, or RB 4's where the rule leaves it):
+      {16, 28672, 8192, "z12.nw3.ug1.nb2.pipe3.rb4.s1"},  // 84.91 us (86.88; session 5: 85.33)
+      {16, 128256, 4096, "z12.nw3.ug1.nb2.pipe3.rb4.s1"},  // 180.41 us (184.13)
+      {12, 27648, 5120, "z12.nw3.ug1.nb2.pipe3.rb4.s1"},   // 53.99 us (54.84)
+      {16, 16384, 4096, "z12.nw4.ug1.nb2.pipe3.rb2.s1"},   // 26.44 us (RB 4 30.45)
+      {12, 22016, 4096, "z12.nw4.ug2.nb2.pipe5.rb2.s1"},   // 35.32 us (RB 4 37.24)
       {8, 12288, 4096, "z12.nw8.ug2.nb1.pipe3.s1"},    // 19.92 us, best 19.79
       {1, 2048, 2048, "z12.nw16.ug1.nb1.pipe2.s1"},    // the best, 3.86 us (one CTA per SM: 4.11)
       {1, 128256, 4096, "z12.nw8.ug2.nb1.pipe3.s1"},   // the best, 174.32 us

@@ -210,6 +210,13 @@ TEST(Gemv, DispatcherChoicesOnOddK) {
   CheckDispatcherChoices({{4096, 11008}, {3584, 18944}, {1024, 11008}});
 }
 
+// Tall shapes outside the tuned table, where the heuristic streams several row blocks per CTA at
+// m = 9..16: four (RB 4) on 27648x5120, two (RB 2) on 16384x4096.
+TEST(Gemv, DispatcherChoicesOnTallShapes) {
+  GEMVZ_REQUIRE_GPU();
+  CheckDispatcherChoices({{27648, 5120}, {16384, 4096}}, {1, 8, 12, 16});
+}
+
 // Row-starved shapes, where the heuristic's one-CTA-per-SM family and its split rules take over
 // (16 warps, UG 4/2/1, split 4, 6 or 8 ways or not; K / 64 = 80 and 144 leave only some UGs
 // balanced; 512x5120 at m = 16 takes the tiniest grids' fixed split).

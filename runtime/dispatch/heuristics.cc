@@ -387,11 +387,18 @@ struct RowBlockFamily {
   Family family;
   int64_t min_k = 0;  // taken only from this K on (where it was measured)
 };
-// NB 2: 88 and 124 registers; NB 3: 154, 154 and 96. At equal fill the first valid family with
-// balanced shares is taken (MoreRowBlocks).
-constexpr std::array<RowBlockFamily, 2> kZ12Nb2Rb = {{
-    {2, {4, 4, 3, {1, 0, 0}}},  // 14336x4096, 16384x3072, 27648x5120, 28672x{4096,8192}
-    {2, {3, 4, 5, {2, 0, 0}}},  // 10240x8192, 12288x4096, 22016x4096, 37888x3584
+// NB 2: 88, 124 and 128 registers; NB 3: 154, 154 and 96. At equal fill the first valid family
+// with balanced shares is taken (MoreRowBlocks).
+// NB 2's RB 4 family (session 11, H200, m = 12 and 16, 12 shapes, two rounds): four row blocks
+// from one load of x's fragments, 4 CTAs per SM as the first RB 2 family, were 1.6-2.4 % faster
+// than the rule's choice where their grid fills the slots better (28672x8192, 27648x5120,
+// 128256x4096; 28672x4096 in the tuned table) and 1-34 % slower where it fills them as well or
+// less well (57344x8192 1.01-1.02x, 18944x4096 and 22016x4096 1.05x, 14336x4096 1.20x,
+// 12288x4096 1.34x); listed last, so taken only when its fill is the best.
+constexpr std::array<RowBlockFamily, 3> kZ12Nb2Rb = {{
+    {2, {4, 4, 3, {1, 0, 0}}},        // 14336x4096, 16384x3072, 14336x14336
+    {2, {3, 4, 5, {2, 0, 0}}},        // 10240x8192, 12288x4096, 22016x4096, 37888x3584
+    {4, {4, 3, 3, {1, 0, 0}}, 4096},  // 27648x5120, 28672x{4096,8192}, 128256x4096
 }};
 // Session 10 (H200, m = 17 and 24, 10 shapes, two rounds): five warps with UG 2 were 2.2-8.5 %
 // faster than NW 8 with UG 1 on 19 of the 20 cases (57344x8192 0.917x and 0.928x, 14336x14336
