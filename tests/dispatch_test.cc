@@ -787,11 +787,13 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
                                         : Expected{1, 16, 3, "bf16.nw4.ug2.nb2.pipe1"});
     const int ctas = FamilyCtasPerSm(c);
     ASSERT_GT(ctas, 0) << "not one of HeuristicFamilyKernels()";
-    const int64_t need = (row_blocks * c.splits + sm - 1) / sm;
-    auto fill = [&](int per_sm) {
+    // The share of the slots of its waves that `need` CTAs per SM fill at `per_sm` a wave.
+    auto wave_fill = [](int64_t need, int per_sm) {
       const int64_t waves = (need + per_sm - 1) / per_sm;
       return static_cast<double>(need) / static_cast<double>(waves * per_sm);
     };
+    const int64_t need = (row_blocks * c.splits + sm - 1) / sm;
+    auto fill = [&](int per_sm) { return wave_fill(need, per_sm); };
     if (z12 && c.nb == 1 && need <= 1 && shape.k / c.splits >= 4096) {
       EXPECT_EQ(ctas, 1);
       EXPECT_EQ(c.nw, 16);
@@ -822,8 +824,7 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
       const int64_t need2 = (row_blocks / 2 + sm - 1) / sm;
       for (const auto& [ug, pipe, per_sm] : {std::tuple{1, 3, 4}, std::tuple{2, 5, 3}}) {
         if ((shape.k / 64) % (4 * ug) != 0 || shape.k / 64 / (4 * ug) < 2) continue;
-        const int64_t waves = (need2 + per_sm - 1) / per_sm;
-        const double f2 = static_cast<double>(need2) / static_cast<double>(waves * per_sm);
+        const double f2 = wave_fill(need2, per_sm);
         if (!rb2 || f2 > rb2_fill) {
           rb2 = KernelConfig{WeightFormat::kZ12, 4, ug, 2, pipe, 1, 2};
           rb2_fill = f2;
@@ -832,7 +833,7 @@ TEST(HeuristicTest, SizesTheGridToTheGpu) {
     }
     if (z12 && c.nb == 2 && c.splits == 1 && row_blocks % 4 == 0 && row_blocks / 4 >= sm) {
       const int64_t need4 = (row_blocks / 4 + sm - 1) / sm;
-      const double f4 = static_cast<double>(need4) / static_cast<double>((need4 + 3) / 4 * 4);
+      const double f4 = wave_fill(need4, 4);
       if (!rb2 || f4 > rb2_fill) {
         rb2 = KernelConfig{WeightFormat::kZ12, 3, 1, 2, 3, 1, 4};
         rb2_fill = f4;

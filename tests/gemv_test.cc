@@ -3,6 +3,7 @@
 // concurrent streams and every error path. Skips cleanly without a GPU.
 #include "gemvz/gemv.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -66,11 +67,11 @@ struct Problem {
 
 std::vector<uint16_t> MixedWeights(int64_t n, int64_t k, uint64_t seed) {
   auto w = testing::RandomMatrix(n, k, Distribution::kTiny, seed);
-  for (int64_t c = 0; c < k; ++c) w[(n / 2 + 3) * k + c] = 0;  // an all-zero (dense) row
-  // and one in the next row block, so RB 2's CTAs meet a dense row in their second block too,
-  // and one in the fourth, the upper half of RB 4's 64-bit dense-row mask
-  for (int64_t c = 0; c < k; ++c) w[(n / 2 + 16 + 5) * k + c] = 0;
-  for (int64_t c = 0; c < k; ++c) w[(n / 2 + 48 + 9) * k + c] = 0;
+  // An all-zero (dense) row; one in the next row block, so RB 2's CTAs meet a dense row in their
+  // second block too; and one in the fourth, the upper half of RB 4's 64-bit dense-row mask.
+  for (const int64_t row : {n / 2 + 3, n / 2 + 16 + 5, n / 2 + 48 + 9}) {
+    std::fill(w.begin() + row * k, w.begin() + (row + 1) * k, uint16_t{0});
+  }
   return w;
 }
 
