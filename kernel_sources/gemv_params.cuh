@@ -5,7 +5,7 @@
 // out[M, N] = x[M, K] * W^T for a 12-bit packed W (format.h describes every array).
 struct Z12Params {
   const unsigned short* x;                  // [M][ldx] BF16
-  const void* w;                            // [N/16][K/64][1536 bytes]
+  const void* w;                            // [N/16][K/64][1536 B], or [K/64][N/16] (GM 1)
   const unsigned int* row_offsets;          // [N + 1] into entries
   const void* entries;                      // {int col, fp32 bits} pairs, per row sorted by col
   const unsigned int* dense_block_offsets;  // [N/16 + 1] into dense_rows

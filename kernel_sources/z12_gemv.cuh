@@ -54,13 +54,14 @@ struct DenseMask<4> {
 
 }  // namespace gemvz_dev
 
-template <int NW, int UG, int NB, int PIPE, int RB = 1>
+template <int NW, int UG, int NB, int PIPE, int RB = 1, int GM = 0>
 __global__ void __launch_bounds__((NW + 1) * 32,
                                   (PIPE == 2 ? 2 : PIPE == 3 ? 1 : PIPE >= 4 ? PIPE - 2 : 0))
     gemvz_z12_kernel(const Z12Params p) {
   using namespace gemvz_dev;
   static_assert(NW >= NB, "the first NB warps do the final reduction");
   static_assert(RB == 1 || RB == 2 || RB == 4, "RB 1, 2 or 4 row blocks per CTA");
+  static_assert(GM == 0 || GM == 1, "GM 0 (block-major) or 1 (group-major)");
   using Mask = typename DenseMask<RB>::T;
   // The combine takes RB*NB*32 C fragments: one a thread when there are enough threads, else in
   // turns (RB 4, S = 1 only).
@@ -83,11 +84,18 @@ __global__ void __launch_bounds__((NW + 1) * 32,
   // launched without PDL).
   pdl_launch_dependents();
   if ((p.flags & 4) && cb >= 0 && warp < NW && lane == 0) {
+    if constexpr (GM == 0) {  // each row block's UG groups are contiguous
 #pragma unroll
-    for (int j = 0; j < RB; j++) {
-      const size_t first =
-          (static_cast<size_t>(cb * RB + j) * KG + k_range<NW, UG>(KG, p.S, sidx, warp).g0) * 96;
-      prefetch_l2_bulk(static_cast<const uint4*>(p.w) + first, UG * 96 * 16);
+      for (int j = 0; j < RB; j++) {
+        const size_t first =
+            (static_cast<size_t>(cb * RB + j) * KG + k_range<NW, UG>(KG, p.S, sidx, warp).g0) * 96;
+        prefetch_l2_bulk(static_cast<const uint4*>(p.w) + first, UG * 96 * 16);
+      }
+    } else {  // each group's RB row blocks are: the first group's (a loop over the trip's UG
+              // groups cost the capped NB 2 kernels a 20-byte spill)
+      const int g0 = k_range<NW, UG>(KG, p.S, sidx, warp).g0;
+      const size_t first = (static_cast<size_t>(g0) * (p.N / 16) + cb * RB) * 96;
+      prefetch_l2_bulk(static_cast<const uint4*>(p.w) + first, RB * 96 * 16);
     }
   }
   pdl_wait();
@@ -192,9 +200,15 @@ __global__ void __launch_bounds__((NW + 1) * 32,
     const KRange kr = k_range<NW, UG>(KG, p.S, sidx, warp);
     const int g0 = kr.g0, KGW = kr.n;  // this warp's groups [g0, g0 + KGW)
     // One (row block, group) is 96 16-byte units: sections 0, 1, 2 of 32 lanes each. Row block j
-    // of this CTA starts j * KG * 96 units further on.
+    // of this CTA's group i lies 96 * j (group-major; KG * 96 * j block-major) + SG * i units on
+    // from wp, this warp's first unit.
+    const size_t NRB = static_cast<size_t>(p.N / 16);
     const uint4* wp =
-        static_cast<const uint4*>(p.w) + (static_cast<size_t>(cb * RB) * KG + g0) * 96 + lane;
+        static_cast<const uint4*>(p.w) +
+        (GM ? static_cast<size_t>(g0) * NRB + cb * RB : static_cast<size_t>(cb * RB) * KG + g0) *
+            96 +
+        lane;
+    const size_t SG = GM ? NRB * 96 : 96;  // (block-major spelt as before GM: same machine code)
     const unsigned short* xr[NB];
     x_rows<NB>(p.x, p.ldx, M, g0, g, t, xr);
     float acc[RB * NB][4];  // [j * NB + nb]: row block j, token block nb
@@ -217,8 +231,9 @@ __global__ void __launch_bounds__((NW + 1) * 32,
         for (int u = 0; u < UG; u++)  // all loads first: 3 x 16 bytes per group per lane
 #pragma unroll
           for (int j = 0; j < RB; j++) {
-            const uint4* q =
-                wp + static_cast<size_t>(j) * KG * 96 + static_cast<size_t>(i + u) * 96;
+            const uint4* q = wp +
+                             (GM ? static_cast<size_t>(j) * 96 : static_cast<size_t>(j) * KG * 96) +
+                             static_cast<size_t>(i + u) * SG;
             A0[u][j] = ld_stream(q);
             A1[u][j] = ld_stream(q + 32);
             B[u][j] = ld_stream(q + 64);
@@ -248,7 +263,9 @@ __global__ void __launch_bounds__((NW + 1) * 32,
       for (int u = 0; u < UG; u++)  // prologue: the first UG groups
 #pragma unroll
         for (int j = 0; j < RB; j++) {
-          const uint4* q = wp + static_cast<size_t>(j) * KG * 96 + static_cast<size_t>(u) * 96;
+          const uint4* q = wp +
+                           (GM ? static_cast<size_t>(j) * 96 : static_cast<size_t>(j) * KG * 96) +
+                           static_cast<size_t>(u) * SG;
           A0[u][j] = ld_stream(q);
           A1[u][j] = ld_stream(q + 32);
           B[u][j] = ld_stream(q + 64);
@@ -269,7 +286,8 @@ __global__ void __launch_bounds__((NW + 1) * 32,
 #pragma unroll
             for (int j = 0; j < RB; j++) {
               const uint4* q =
-                  wp + static_cast<size_t>(j) * KG * 96 + static_cast<size_t>(i + UG + u) * 96;
+                  wp + (GM ? static_cast<size_t>(j) * 96 : static_cast<size_t>(j) * KG * 96) +
+                  static_cast<size_t>(i + UG + u) * SG;
               nA0[u][j] = ld_stream(q);
               nA1[u][j] = ld_stream(q + 32);
               nB[u][j] = ld_stream(q + 64);

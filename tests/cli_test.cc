@@ -253,6 +253,7 @@ TEST_F(CliTest, TuneReportsTheRuleAnInvalidConfigurationBreaks) {
 // m = 16 as two launches of 8 rows, and NB = 4 takes m = 48 as two of 24 (LaunchRowsFor), so
 // both are valid; the rules still apply to that launch.
 TEST_F(CliTest, TuneChecksAConfigurationAtItsChunkOfM) {
+  env_["GEMVZ_WEIGHT_ORDER"] = "block";  // the configurations as written (4096x8192 is group-major)
   for (const auto& [m, config] : {std::pair<std::string, std::string>{"16", "z12.nw8.ug2.nb1.pipe3.s1"},
                                   {"48", "z12.nw8.ug1.nb4.pipe3.s1"},
                                   {"100", "bf16.nw8.ug1.nb4.pipe2.s1"}}) {
@@ -279,14 +280,17 @@ TEST_F(CliTest, TuneChecksAConfigurationAtItsChunkOfM) {
   EXPECT_CONTAINS(bad.err, "trips per K slice must be at least NW = 8");
 }
 
+// 4096x8192's weights are uploaded group-major (the built-in table's order for it on sm_90), so
+// the configuration runs, and is saved, as the group-major kernel, and tune says so.
 TEST_F(CliTest, TuneOneConfiguration) {
   const Result r = Run({"tune", "--shape=4096x8192", "--m=8",
                         "--config=z12.nw8.ug2.nb1.pipe3.s1", "--save", "--replays=5",
                         "--launches=16", "--rotate_mb=256"});
+  EXPECT_CONTAINS(r.err, "4096x8192's 12-bit weights are uploaded group-major here");
   if (!HasGpu()) {
     // Validated and compiled, then a plain refusal; nothing saved.
     EXPECT_EQ(r.rc, 1) << r.out << r.err;
-    EXPECT_CONTAINS(r.out, "z12.nw8.ug2.nb1.pipe3.s1 for 4096x8192 m=8: valid; compiled");
+    EXPECT_CONTAINS(r.out, "z12.nw8.ug2.nb1.pipe3.gm.s1 for 4096x8192 m=8: valid; compiled");
     EXPECT_CONTAINS(r.err, "checking and timing need a GPU");
     EXPECT_CONTAINS(r.err, "nothing was saved");
     EXPECT_FALSE(Exists(dir_ + "/tuning.json"));
@@ -298,9 +302,11 @@ TEST_F(CliTest, TuneOneConfiguration) {
   EXPECT_CONTAINS(r.out, "saved 1 winner(s)");
   ASSERT_TRUE(Exists(dir_ + "/tuning.json"));
   EXPECT_CONTAINS(ReadAll(dir_ + "/tuning.json"), "4096");
+  EXPECT_CONTAINS(ReadAll(dir_ + "/tuning.json"), ".gm.");
 }
 
 TEST_F(CliTest, TuneSpaceFileSkipsBadLinesAndInvalidConfigurations) {
+  env_["GEMVZ_WEIGHT_ORDER"] = "block";
   {
     std::ofstream space(dir_ + "/space.txt");
     space << "# configurations to try\n"

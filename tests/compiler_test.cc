@@ -63,10 +63,27 @@ TEST(CompilerTest, RealZ12KernelWithTwoRowBlocksPerCta) {
   EXPECT_EQ(RequestForConfig(KernelConfig{}, "sm_90").name_expression,
             "gemvz_z12_kernel<8, 2, 2, 3>");
   const CompiledKernel k = CompileOrDie(config, "sm_90", sources);
-  EXPECT_NE(k.lowered_name.find("ILi4ELi1ELi2ELi3ELi2EE"), std::string::npos) << k.lowered_name;
+  EXPECT_NE(k.lowered_name.find("ILi4ELi1ELi2ELi3ELi2ELi0EE"), std::string::npos) << k.lowered_name;
   EXPECT_EQ(k.spill_bytes, 0) << k.log;
   EXPECT_LE(k.shared_bytes, config.shared_bytes());
   EXPECT_GE(k.shared_bytes + 16, config.shared_bytes());
+}
+
+// Group-major weights are the sixth template argument, GM = 1; RB is then spelt out even when it
+// is 1, and the block-major kernels keep the names they had before GM existed.
+TEST(CompilerTest, RealZ12KernelForGroupMajorWeights) {
+  const SourceSet& sources = *SourceSet::Embedded();
+  KernelConfig config{WeightFormat::kZ12, 3, 4, 2, 7, 1};
+  config.order = WeightOrder::kGroupMajor;
+  const CompileRequest request = RequestForConfig(config, "sm_90");
+  EXPECT_EQ(request.name_expression, "gemvz_z12_kernel<3, 4, 2, 7, 1, 1>");
+  EXPECT_EQ(request.kernel_name, "z12.nw3.ug4.nb2.pipe7.gm");
+  KernelConfig rb4{WeightFormat::kZ12, 3, 1, 2, 3, 1, 4, WeightOrder::kGroupMajor};
+  EXPECT_EQ(RequestForConfig(rb4, "sm_90").name_expression, "gemvz_z12_kernel<3, 1, 2, 3, 4, 1>");
+  const CompiledKernel k = CompileOrDie(config, "sm_90", sources);
+  EXPECT_NE(k.lowered_name.find("ILi3ELi4ELi2ELi7ELi1ELi1EE"), std::string::npos)
+      << k.lowered_name;
+  EXPECT_EQ(k.spill_bytes, 0) << k.log;
 }
 
 TEST(CompilerTest, RealBf16KernelForSm90aCompiles) {

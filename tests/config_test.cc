@@ -44,6 +44,8 @@ KernelConfig RandomValidConfig(std::mt19937_64& rng) {
   c.splits = 1 + static_cast<int>(rng() % 100000);
   // z12 may take two row blocks per CTA where NW + 1 >= 2 * NB.
   if (c.format == WeightFormat::kZ12 && c.nw + 1 >= 2 * c.nb && rng() % 2) c.rb = 2;
+  // and read group-major weights.
+  if (c.format == WeightFormat::kZ12 && rng() % 2) c.order = WeightOrder::kGroupMajor;
   while (c.shared_bytes() > kMaxStaticSharedBytes) --c.nw;  // what no kernel may declare
   return c;
 }
@@ -63,6 +65,15 @@ TEST(ConfigTest, TextFormIsCanonical) {
   ASSERT_TRUE(rb1.ok()) << Msg(rb1.status());
   EXPECT_EQ(*rb1, c);
   EXPECT_EQ(rb1->ToString(), "z12.nw8.ug2.nb2.pipe3.s1");
+  // Group-major weights: ".gm" after RB, before S; block-major by leaving it out.
+  KernelConfig g = r;
+  g.order = WeightOrder::kGroupMajor;
+  EXPECT_EQ(g.ToString(), "z12.nw4.ug1.nb2.pipe3.rb2.gm.s2");
+  EXPECT_EQ(g.KernelName(), "z12.nw4.ug1.nb2.pipe3.rb2.gm");
+  g.rb = 1;
+  EXPECT_EQ(g.ToString(), "z12.nw4.ug1.nb2.pipe3.gm.s2");
+  EXPECT_EQ(OrderName(WeightOrder::kBlockMajor), "block");
+  EXPECT_EQ(OrderName(WeightOrder::kGroupMajor), "group");
   EXPECT_EQ(FormatName(WeightFormat::kZ12), "z12");
   EXPECT_EQ(FormatName(WeightFormat::kBf16), "bf16");
   EXPECT_EQ((GemvShape{8, 4096, 8192}.ToString()), "m8.n4096.k8192");
@@ -95,6 +106,9 @@ TEST(ConfigTest, FieldsParseInAnyOrder) {
   c = KernelConfig::Parse("z12.rb2.s4.pipe3.nb2.ug1.nw4");
   ASSERT_TRUE(c.ok()) << Msg(c.status());
   EXPECT_EQ(*c, (KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4, 2}));
+  c = KernelConfig::Parse("z12.gm.rb2.s4.pipe3.nb2.ug1.nw4");
+  ASSERT_TRUE(c.ok()) << Msg(c.status());
+  EXPECT_EQ(*c, (KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4, 2, WeightOrder::kGroupMajor}));
 }
 
 TEST(ConfigTest, EqualityAndHashSeeEveryField) {
@@ -107,7 +121,8 @@ TEST(ConfigTest, EqualityAndHashSeeEveryField) {
       {WeightFormat::kBf16, 8, 2, 2, 3, 1}, {WeightFormat::kZ12, 4, 2, 2, 3, 1},
       {WeightFormat::kZ12, 8, 1, 2, 3, 1},  {WeightFormat::kZ12, 8, 2, 1, 3, 1},
       {WeightFormat::kZ12, 8, 2, 2, 0, 1},  {WeightFormat::kZ12, 8, 2, 2, 3, 2},
-      {WeightFormat::kZ12, 8, 2, 2, 3, 1, 2}};
+      {WeightFormat::kZ12, 8, 2, 2, 3, 1, 2},
+      {WeightFormat::kZ12, 8, 2, 2, 3, 1, 1, WeightOrder::kGroupMajor}};
   for (const KernelConfig& v : variants) {
     EXPECT_NE(v, base) << v.ToString();
     EXPECT_TRUE(set.insert(v).second) << v.ToString();
@@ -137,14 +152,16 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
       {"fp16.nw8.ug2.nb2.pipe3", "it must start with the format"},
       // Unknown fields.
       {"z12.nw8.ug2.nb2.pipe3.q1",
-       "field 'q1' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, s<N>"},
+       "field 'q1' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, gm, s<N>"},
+      {"z12.nw8.ug2.nb2.pipe3.gm1", "field 'gm1' is not one of"},
+      {"z12.nw8.ug2.nb2.pipe3.GM", "field 'GM' is not one of"},
       {"z12.nw8.ug2.nb2.pipe3.s1.", "field '' is not one of"},
       {"z12..nw8.ug2.nb2.pipe3", "field '' is not one of"},
       {"z12.NW8.ug2.nb2.pipe3", "field 'NW8' is not one of"},
       {"z12.warps8.ug2.nb2.pipe3", "field 'warps8' is not one of"},
       // Bad numbers.
       {"z12.nw.ug2.nb2.pipe3",
-       "field 'nw' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, s<N> "
+       "field 'nw' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, gm, s<N> "
        "(nw takes a decimal number)"},
       {"z12.nwx.ug2.nb2.pipe3", "(nw takes a decimal number)"},
       {"z12.nw8.ug2.nb2.pipe3.s-1", "field 's-1' is not one of"},
@@ -161,6 +178,7 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
       {"z12.nw8.ug2.nb2.pipe3.s1.s2", "field s given twice"},
       {"z12.nw8.ug2.ug2.nb2.pipe3", "field ug given twice"},
       {"z12.nw8.ug2.nb2.pipe3.rb2.rb2", "field rb given twice"},
+      {"z12.nw8.ug2.nb2.pipe3.gm.gm.s1", "field gm given twice"},
       // Missing fields (s alone may be left out).
       {"z12", "missing field nw<N>"},
       {"z12.ug2.nb2.pipe3.s1", "missing field nw<N>"},
@@ -185,6 +203,7 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
       {"bf16.nw8.ug1.nb4.pipe0.rb4", "RB 4 (4 row blocks per CTA) exists for z12 only"},
       {"bf16.nw8.ug2.nb2.pipe3.rb2", "RB 2 (2 row blocks per CTA) exists for z12 only"},
       {"z12.nw2.ug2.nb2.pipe3.rb2", "NW + 1 >= RB * NB is required"},
+      {"bf16.nw8.ug2.nb2.pipe3.gm", "the group-major order (gm) is a layout of 12-bit weights"},
   };
   for (const ParseErrorCase& c : cases) {
     absl::StatusOr<KernelConfig> parsed = KernelConfig::Parse(c.text);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "gemvz/format.h"
@@ -164,6 +165,30 @@ TEST(Format, EmulatedDecoderMatchesLayout) {
     }
   }
   EXPECT_EQ(checked, rows * cols);
+}
+
+// The group-major device order (WeightOrder::kGroupMajor) moves whole 1536-byte units: unit
+// (row block b, group g) of the packed, block-major weights lands at g * rows/16 + b.
+TEST(Format, GroupMajorOrderMovesWholeUnits) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{16, 64}, {48, 64}, {16, 320},
+                                  {80, 448}}) {
+    const int64_t blocks = rows / 16, groups = cols / 64;
+    std::vector<uint8_t> w(static_cast<size_t>(blocks * groups * kGroupBytes));
+    for (uint8_t& byte : w) byte = static_cast<uint8_t>(rng());
+    const std::vector<uint8_t> gm = internal::ToGroupMajor(w, rows, cols);
+    ASSERT_EQ(gm.size(), w.size());
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t g = 0; g < groups; ++g) {
+        ASSERT_EQ(std::memcmp(gm.data() + (g * blocks + b) * kGroupBytes,
+                              w.data() + (b * groups + g) * kGroupBytes, kGroupBytes),
+                  0)
+            << rows << "x" << cols << " block " << b << " group " << g;
+      }
+    }
+  }
 }
 
 TEST(Format, PrmtAndLop3FollowPtx) {

@@ -39,10 +39,11 @@ struct Problem {
   std::vector<uint16_t> w;
   DeviceMatrix dm;
 
-  static Problem Make(int64_t n, int64_t k, std::vector<uint16_t> w, bool plain = false) {
+  static Problem Make(int64_t n, int64_t k, std::vector<uint16_t> w, bool plain = false,
+                      const UploadOptions& upload = {}) {
     Problem p{n, k, std::move(w), {}};
     auto dm = plain ? DeviceMatrix::UploadPlain(p.w.data(), n, k)
-                    : DeviceMatrix::FromBf16(p.w.data(), n, k);
+                    : DeviceMatrix::FromBf16(p.w.data(), n, k, 0, upload);
     EXPECT_TRUE(dm.ok()) << dm.status();
     if (dm.ok()) p.dm = *dm;
     return p;
@@ -548,6 +549,128 @@ TEST(Gemv, ErrorPaths) {
   st = run(1, {}, x, out);
   unsetenv("GEMVZ_FORCE_CONFIG");
   EXPECT_NE(st.message().find("GEMVZ_FORCE_CONFIG"), std::string::npos) << st;
+}
+
+// Group-major weights (WeightOrder::kGroupMajor): each 12-bit configuration of a broad sweep (400
+// of them drawn afresh each run), split-K and RB 2 and 4 included, on a matrix uploaded
+// group-major gives bitwise the result of
+// the same configuration on the block-major upload (the kernels differ in addresses only, so the
+// sums are the same in the same order), which is right against the reference; PDL launches (the
+// group-major prefetch) too.
+TEST(Gemv, GroupMajorMatchesBlockMajorBitForBit) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t n = 256, k = 4096;
+  const std::vector<uint16_t> w = MixedWeights(n, k, seed);
+  const Problem block = Problem::Make(n, k, w, false, {WeightOrder::kBlockMajor});
+  const Problem group = Problem::Make(n, k, w, false, {WeightOrder::kGroupMajor});
+  ASSERT_EQ(block.dm.order(), WeightOrder::kBlockMajor);
+  ASSERT_EQ(group.dm.order(), WeightOrder::kGroupMajor);
+  ASSERT_EQ(group.dm.format(), WeightFormat::kZ12);
+  std::vector<KernelConfig> configs;
+  for (int nw : {1, 2, 3, 4, 7, 8, 16})
+    for (int ug : {1, 2, 4})
+      for (int nb = 1; nb <= 4; ++nb)
+        for (int pipe = 0; pipe <= MaxPipe(WeightFormat::kZ12); ++pipe)
+          for (int s : {1, 2, 4})
+            for (int rb = 1; rb <= 4; rb *= 2) {
+              const KernelConfig c{WeightFormat::kZ12, nw, ug, nb, pipe, s, rb};
+              if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
+            }
+  // A fresh sample of the space each run (all of it would be ~1000 more kernels to compile).
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::shuffle(configs.begin(), configs.end(), rng);
+  configs.resize(std::min<size_t>(configs.size(), 400));
+  std::vector<KernelConfig> both;
+  for (const KernelConfig& c : configs) {
+    both.push_back(c);
+    both.push_back(internal::InOrder(c, WeightOrder::kGroupMajor));
+  }
+  auto arch = internal::DeviceArch(0);
+  ASSERT_TRUE(arch.ok());
+  ASSERT_TRUE(PrecompileAll(internal::DistinctKernels(both), *arch, 0).ok());
+  DeviceBuffer dx(static_cast<size_t>(32 * k * 2)), d1(static_cast<size_t>(32 * n * 2)),
+      d2(static_cast<size_t>(32 * n * 2));
+  int tested = 0;
+  for (const KernelConfig& c : configs) {
+    const int64_t m = 1 + static_cast<int64_t>(rng() % (8 * c.nb));
+    const std::vector<uint16_t> x = testing::RandomActivations(m, k, seed + tested);
+    dx.Upload(x.data(), x.size() * 2);
+    const KernelConfig g = internal::InOrder(c, WeightOrder::kGroupMajor);
+    GemvOptions gopt{g};
+    if (tested % 4 == 0) gopt.pdl = Pdl::kAlways;  // the group-major prefetch
+    d1.Fill16(kPoison);
+    d2.Fill16(kPoison);
+    ASSERT_TRUE(Gemv(block.dm, dx.as<uint16_t>(), m, d1.as<uint16_t>(), nullptr, {c}).ok());
+    const absl::Status st = Gemv(group.dm, dx.as<uint16_t>(), m, d2.as<uint16_t>(), nullptr, gopt);
+    ASSERT_TRUE(st.ok()) << g.ToString() << ": " << st;
+    std::vector<uint16_t> a(static_cast<size_t>(m * n)), b(a.size());
+    d1.Download(a.data(), a.size() * 2);
+    d2.Download(b.data(), b.size() * 2);
+    EXPECT_EQ(a, b) << g.ToString() << " m=" << m;
+    if (tested % 8 == 0) EXPECT_EQ(group.Check(m, gopt, seed + tested, &x), "") << g.ToString();
+    ++tested;
+  }
+  std::printf("[ info ] %d configurations in both orders\n", tested);
+}
+
+// The order a matrix is uploaded in: asked (UploadOptions), else GEMVZ_WEIGHT_ORDER, else the
+// tuned table's order for the shape on this GPU (PreferredOrder). A configuration of the other
+// order is refused, naming the one that fits.
+TEST(Gemv, WeightOrderAtUploadAndMismatchedConfigurations) {
+  GEMVZ_REQUIRE_GPU();
+  auto arch = internal::DeviceArch(0);
+  ASSERT_TRUE(arch.ok());
+  const int64_t n = 4096, k = 8192;  // the suite's pooler: group-major in the sm_90 table
+  const std::vector<uint16_t> w = testing::RandomMatrix(n, k, Distribution::kNormal, 3);
+  auto dm = DeviceMatrix::FromBf16(w.data(), n, k);
+  ASSERT_TRUE(dm.ok()) << dm.status();
+  EXPECT_EQ(dm->order(), PreferredOrder(*arch, n, k));
+  if (*arch == "sm_90") EXPECT_EQ(dm->order(), WeightOrder::kGroupMajor);
+  setenv("GEMVZ_WEIGHT_ORDER", "block", 1);
+  auto env_block = DeviceMatrix::FromBf16(w.data(), n, k);
+  setenv("GEMVZ_WEIGHT_ORDER", "sideways", 1);
+  auto bad = DeviceMatrix::FromBf16(w.data(), n, k);
+  setenv("GEMVZ_WEIGHT_ORDER", "group", 1);
+  auto explicit_block = DeviceMatrix::FromBf16(w.data(), 64, 256, 0, {WeightOrder::kBlockMajor});
+  auto env_group = DeviceMatrix::FromBf16(w.data(), 64, 256);
+  unsetenv("GEMVZ_WEIGHT_ORDER");
+  ASSERT_TRUE(env_block.ok()) << env_block.status();
+  EXPECT_EQ(env_block->order(), WeightOrder::kBlockMajor);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("GEMVZ_WEIGHT_ORDER must be block, group or auto"),
+            std::string::npos)
+      << bad.status();
+  ASSERT_TRUE(explicit_block.ok() && env_group.ok());
+  EXPECT_EQ(explicit_block->order(), WeightOrder::kBlockMajor);  // the option wins
+  EXPECT_EQ(env_group->order(), WeightOrder::kGroupMajor);
+  // Plain BF16 has no order.
+  auto plain = DeviceMatrix::UploadPlain(w.data(), 64, 256);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->order(), WeightOrder::kBlockMajor);
+
+  // A block-major configuration on the group-major matrix: refused, naming the fix.
+  const Problem p = Problem::Make(64, 256, testing::RandomMatrix(64, 256, Distribution::kNormal, 4),
+                                  false, {WeightOrder::kGroupMajor});
+  DeviceBuffer dx(8 * 256 * 2), dout(8 * 64 * 2);
+  const KernelConfig c{WeightFormat::kZ12, 2, 1, 1, 3, 1};
+  absl::Status st = Gemv(p.dm, dx.as<uint16_t>(), 1, dout.as<uint16_t>(), nullptr, {c});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("reads block-major weights, but the matrix was uploaded "
+                              "group-major: use z12.nw2.ug1.nb1.pipe3.gm.s1"),
+            std::string::npos)
+      << st;
+  setenv("GEMVZ_FORCE_CONFIG", "z12.nw2.ug1.nb1.pipe3.s1", 1);
+  st = Gemv(p.dm, dx.as<uint16_t>(), 1, dout.as<uint16_t>(), nullptr);
+  unsetenv("GEMVZ_FORCE_CONFIG");
+  EXPECT_NE(st.message().find("(env) reads block-major weights"), std::string::npos) << st;
+  EXPECT_EQ(p.Check(3, GemvOptions{internal::InOrder(c, WeightOrder::kGroupMajor)}, 5), "");
+  // The dispatcher answers in the matrix's order.
+  auto plan = PlanGemv(p.dm, 8);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->config.order, WeightOrder::kGroupMajor);
+  EXPECT_EQ(p.Check(8, {}, 6), "");
 }
 
 TEST(Gemv, ForcedByEnvironment) {

@@ -17,6 +17,18 @@ enum class WeightFormat {
   kBf16,  // plain row-major BF16, for matrices that cannot or should not be compressed
 };
 std::string_view FormatName(WeightFormat format);  // "z12" / "bf16"
+// How a 12-bit matrix's 1536-byte (16-row block, 64-wide group) units lie in device memory.
+// Block-major (the packed format's own order, format.h): a row block's groups one after another.
+// Group-major: a group's row blocks one after another, so that CTAs streaming the same group of
+// neighbouring row blocks read neighbouring bytes (docs/BENCHMARKS.md: 1-5 % faster on the
+// suite's large shapes at m = 8 and 16 once re-tuned, but some configurations run much slower).
+// A DeviceMatrix is uploaded in one order and runs only the kernels compiled for it.
+enum class WeightOrder {
+  kBlockMajor,
+  kGroupMajor,
+};
+std::string_view OrderName(WeightOrder order);  // "block" / "group"
+
 // The largest PIPE a format's kernel takes: 8 for z12 (4..8 are its register-capped loops), 3
 // for bf16.
 constexpr int MaxPipe(WeightFormat format) { return format == WeightFormat::kZ12 ? 8 : 3; }
@@ -36,8 +48,12 @@ struct KernelConfig {
   // at once and feeds both from one load of x's fragments (fewer registers per byte in flight).
   // Written ".rb2" before ".s" in the text form; RB 1 is written by leaving the field out.
   int rb = 1;
+  // z12 only: the device order of the weights the kernel reads (WeightOrder). Written ".gm" after
+  // RB and before ".s" for group-major; block-major is written by leaving the field out.
+  WeightOrder order = WeightOrder::kBlockMajor;
 
-  std::string ToString() const;  // "z12.nw8.ug2.nb2.pipe3.s1", "z12.nw4.ug1.nb2.pipe3.rb2.s1"
+  // "z12.nw8.ug2.nb2.pipe3.s1", "z12.nw4.ug1.nb2.pipe3.rb2.s1", "z12.nw3.ug4.nb2.pipe7.gm.s1"
+  std::string ToString() const;
   // The compiled kernel's identity: everything but `splits` ("z12.nw8.ug2.nb2.pipe3").
   std::string KernelName() const;
   static absl::StatusOr<KernelConfig> Parse(std::string_view text);
@@ -49,13 +65,13 @@ struct KernelConfig {
 
   friend bool operator==(const KernelConfig& a, const KernelConfig& b) {
     return a.format == b.format && a.nw == b.nw && a.ug == b.ug && a.nb == b.nb &&
-           a.pipe == b.pipe && a.splits == b.splits && a.rb == b.rb;
+           a.pipe == b.pipe && a.splits == b.splits && a.rb == b.rb && a.order == b.order;
   }
   friend bool operator!=(const KernelConfig& a, const KernelConfig& b) { return !(a == b); }
   template <typename H>
   friend H AbslHashValue(H h, const KernelConfig& c) {
     return H::combine(std::move(h), static_cast<int>(c.format), c.nw, c.ug, c.nb, c.pipe, c.splits,
-                      c.rb);
+                      c.rb, static_cast<int>(c.order));
   }
 };
 

@@ -24,8 +24,9 @@ struct TunedChoice {
 // The tuning file: GEMVZ_TUNING_FILE, else <CacheDirectory()>/tuning.json. JSON
 // {"version": V, "entries": [{arch, format, m, n, k, config, time_us}, ...]}, written with the
 // oldest V that holds every entry, so that older gemvz read it while they can: 1, 2 once a config
-// uses RB 2, 3 once a 12-bit entry's warps take uneven shares of K, 4 once a config uses RB 4.
-// All four are read; a newer version is neither read nor overwritten.
+// uses RB 2, 3 once a 12-bit entry's warps take uneven shares of K, 4 once a config uses RB 4, 5
+// once a config reads group-major weights (".gm"). All five are read; a newer version is neither
+// read nor overwritten.
 std::string TuningFilePath();
 // Merges `choices` into the tuning file (replacing entries of the same key), atomically.
 absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices);
@@ -37,6 +38,13 @@ const std::vector<TunedChoice>& BuiltinTunedTable();
 // Every configuration worth timing for a shape (m rounded up to the launch's token blocks): the
 // valid combinations of NW, UG, NB, PIPE and S.
 std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format);
+
+// The device order a 12-bit [n, k] matrix gets on an `arch` GPU when its upload does not say
+// (UploadOptions, GEMVZ_WEIGHT_ORDER): the order of the configurations tuned for that shape, those
+// of the tuning file if it has any for (arch, z12, n, k), else those of the built-in table;
+// group-major only when every one of them is, else (and for shapes neither knows) block-major,
+// which the heuristic was measured on.
+WeightOrder PreferredOrder(const std::string& arch, int64_t n, int64_t k);
 
 // The dispatcher's choice without a tuned entry.
 KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm_count = 132);

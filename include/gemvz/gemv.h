@@ -20,15 +20,25 @@ namespace internal {
 struct DeviceMatrixState;
 }
 
+struct UploadOptions {
+  // The device order of a 12-bit matrix's weights (WeightOrder, config.h). Unset: the environment
+  // variable GEMVZ_WEIGHT_ORDER (block or group; auto or unset: the next rule), else the order of
+  // the dispatcher's tuned configurations for this shape on this GPU (PreferredOrder, dispatch.h),
+  // else block-major. Plain BF16 matrices have no order.
+  std::optional<WeightOrder> order;
+};
+
 // A weight matrix resident on one GPU. Cheap to copy (shared ownership); freed with the last copy.
 class DeviceMatrix {
  public:
   // Uploads a packed matrix (checked with ValidatePacked first).
-  static absl::StatusOr<DeviceMatrix> Upload(const PackedMatrix& packed, int device = 0);
+  static absl::StatusOr<DeviceMatrix> Upload(const PackedMatrix& packed, int device = 0,
+                                             const UploadOptions& options = {});
   // Uploads BF16 weights [rows, cols] (host, row-major): packed to 12 bits when the shape allows,
   // else kept as plain BF16; fallback_reason() says why.
   static absl::StatusOr<DeviceMatrix> FromBf16(const uint16_t* host_bf16, int64_t rows,
-                                               int64_t cols, int device = 0);
+                                               int64_t cols, int device = 0,
+                                               const UploadOptions& options = {});
   // Uploads BF16 weights as plain BF16, uncompressed (any shape).
   static absl::StatusOr<DeviceMatrix> UploadPlain(const uint16_t* host_bf16, int64_t rows,
                                                   int64_t cols, int device = 0);
@@ -39,6 +49,9 @@ class DeviceMatrix {
   int64_t cols() const;
   int device() const;
   WeightFormat format() const;
+  // The device order of a 12-bit matrix's weights: the kernels Gemv runs on it take this order
+  // (KernelConfig::order). kBlockMajor for plain BF16.
+  WeightOrder order() const;
   // Device bytes the kernel streams per call (weights and side tables).
   int64_t weight_bytes() const;
   // Why the matrix is plain BF16 rather than 12-bit; empty when it is 12-bit or asked plain.
@@ -65,7 +78,7 @@ enum class Pdl {
 
 struct GemvOptions {
   // Forces a configuration (any valid one; compiled at first use). Else GEMVZ_FORCE_CONFIG, else
-  // the dispatcher's choice.
+  // the dispatcher's choice. A 12-bit configuration's order (".gm" or none) must be the matrix's.
   std::optional<KernelConfig> config;
   // Programmatic dependent launch; unset: GEMVZ_PDL decides (1 or auto: kAuto, always: kAlways,
   // unset or 0: kOff). An explicit value wins over the environment.

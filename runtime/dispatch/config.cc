@@ -34,10 +34,15 @@ std::string_view FormatName(WeightFormat format) {
   return format == WeightFormat::kZ12 ? "z12" : "bf16";
 }
 
+std::string_view OrderName(WeightOrder order) {
+  return order == WeightOrder::kGroupMajor ? "group" : "block";
+}
+
 std::string KernelConfig::KernelName() const {
   std::string name =
       absl::StrFormat("%s.nw%d.ug%d.nb%d.pipe%d", FormatName(format), nw, ug, nb, pipe);
   if (rb != 1) absl::StrAppend(&name, ".rb", rb);  // one row block per CTA is written by omission
+  if (order == WeightOrder::kGroupMajor) absl::StrAppend(&name, ".gm");  // block-major likewise
   return name;
 }
 
@@ -68,8 +73,18 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
   bool seen[6] = {false, false, false, false, false, false};
   static constexpr absl::string_view kNames[6] = {"nw", "ug", "nb", "pipe", "s", "rb"};
   int* fields[6] = {&c.nw, &c.ug, &c.nb, &c.pipe, &c.splits, &c.rb};
+  bool seen_gm = false;
   for (size_t i = 1; i < parts.size(); ++i) {
     absl::string_view p = parts[i];
+    if (p == "gm") {  // the group-major order: a flag, not a number
+      if (seen_gm) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad configuration '", text, "': field gm given twice"));
+      }
+      seen_gm = true;
+      c.order = WeightOrder::kGroupMajor;
+      continue;
+    }
     int which = -1;
     // "pipe" before "nb"/"nw" has no prefix clash; check the longest names first.
     for (int f : {3, 0, 1, 2, 5, 4}) {
@@ -82,7 +97,7 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
     if (which < 0 || !ParseFieldValue(p.substr(kNames[which].size()), &value)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bad configuration '", text, "': field '", p,
-          "' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, s<N>",
+          "' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, gm, s<N>",
           which < 0 ? "" : absl::StrCat(" (", kNames[which], " takes a decimal number)")));
     }
     if (seen[which]) {
@@ -130,6 +145,10 @@ absl::Status ValidateConfig(const KernelConfig& c) {
   if (c.rb != 1 && c.format != WeightFormat::kZ12) {
     return fail(absl::StrCat("RB ", c.rb, " (", c.rb, " row blocks per CTA) exists for z12 only; ",
                              std::string(FormatName(c.format)), " takes RB 1"));
+  }
+  if (c.order == WeightOrder::kGroupMajor && c.format != WeightFormat::kZ12) {
+    return fail(absl::StrCat("the group-major order (gm) is a layout of 12-bit weights; ",
+                             std::string(FormatName(c.format)), " reads row-major BF16"));
   }
   if (c.rb == 4 && c.splits != 1) {
     return fail(absl::StrCat("RB 4 takes S = 1 only: its combine takes the fragments in turns, ",

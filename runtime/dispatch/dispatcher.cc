@@ -39,8 +39,8 @@ const BuiltinIndex& GetBuiltinIndex() {
 
 // (arch, format, m, n, k)
 using ChoiceKey = std::tuple<std::string, int, int64_t, int64_t, int64_t>;
-// (arch, format, m, n, k, sm_count)
-using PlanKey = std::tuple<std::string, int, int64_t, int64_t, int64_t, int>;
+// (arch, format, m, n, k, sm_count, order)
+using PlanKey = std::tuple<std::string, int, int64_t, int64_t, int64_t, int, int>;
 
 constexpr size_t kMaxPlans = 1 << 14;
 
@@ -48,23 +48,26 @@ constexpr size_t kMaxPlans = 1 << 14;
 class Dispatcher {
  public:
   absl::StatusOr<GemvPlan> Choose(const GemvShape& launch, WeightFormat format,
-                                  const std::string& arch, int sm_count) ABSL_LOCKS_EXCLUDED(mu_) {
+                                  const std::string& arch, int sm_count, WeightOrder order)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    if (format != WeightFormat::kZ12) order = WeightOrder::kBlockMajor;
     absl::MutexLock lock(&mu_);
-    const PlanKey plan_key{arch, static_cast<int>(format), launch.m, launch.n, launch.k, sm_count};
+    const PlanKey plan_key{arch,     static_cast<int>(format), launch.m, launch.n, launch.k,
+                           sm_count, static_cast<int>(order)};
     if (const auto it = plans_.find(plan_key); it != plans_.end()) return it->second;
     if (!loaded_) LoadLocked();
 
     GemvPlan plan;
     const auto tuned =
         entries_.find(ChoiceKey{arch, static_cast<int>(format), launch.m, launch.n, launch.k});
-    if (tuned != entries_.end()) {
+    if (tuned != entries_.end() && tuned->second.order == order) {
       plan.config = tuned->second;
       plan.source = "tuning-file";
-    } else if (std::optional<KernelConfig> t = LookupBuiltinTable(launch, format, arch)) {
+    } else if (std::optional<KernelConfig> t = LookupBuiltinTable(launch, format, arch, order)) {
       plan.config = *t;
       plan.source = "tuned";
     } else {
-      plan.config = HeuristicConfig(launch, format, sm_count);
+      plan.config = InOrder(HeuristicConfig(launch, format, sm_count), order);
       plan.source = "heuristic";
     }
     plan.chunk_m = std::min<int64_t>(launch.m, plan.config.tokens_per_launch());
@@ -72,6 +75,22 @@ class Dispatcher {
     if (plans_.size() >= kMaxPlans) plans_.clear();
     plans_[plan_key] = plan;
     return plan;
+  }
+
+  // The order of the tuning file's (arch, z12, *, n, k) entries: nullopt when it has none.
+  std::optional<WeightOrder> FileOrder(const std::string& arch, int64_t n, int64_t k)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (!loaded_) LoadLocked();
+    std::optional<WeightOrder> order;
+    for (const auto& [key, config] : entries_) {
+      if (std::get<0>(key) != arch || std::get<1>(key) != static_cast<int>(WeightFormat::kZ12) ||
+          std::get<3>(key) != n || std::get<4>(key) != k) {
+        continue;
+      }
+      order = (!order || *order == config.order) ? config.order : WeightOrder::kBlockMajor;
+    }
+    return order;
   }
 
   absl::Status Reload() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -135,8 +154,13 @@ absl::Status CheckShape(const GemvShape& shape) {
 
 }  // namespace
 
+KernelConfig InOrder(KernelConfig c, WeightOrder order) {
+  if (c.format == WeightFormat::kZ12) c.order = order;
+  return c;
+}
+
 std::optional<KernelConfig> LookupBuiltinTable(const GemvShape& shape, WeightFormat format,
-                                               const std::string& arch) {
+                                               const std::string& arch, WeightOrder order) {
   const BuiltinIndex& index = GetBuiltinIndex();
   const auto it = index.find(ShapeKey{arch, static_cast<int>(format), shape.n, shape.k});
   if (it == index.end()) return std::nullopt;
@@ -144,6 +168,7 @@ std::optional<KernelConfig> LookupBuiltinTable(const GemvShape& shape, WeightFor
   // covers them, which beats a guess.
   for (const TunedChoice* c : it->second) {
     if (c->m < shape.m) continue;
+    if (format == WeightFormat::kZ12 && c->config.order != order) return std::nullopt;
     if (c->config.tokens_per_launch() < shape.m) return std::nullopt;
     if (!Validate(c->config, shape).ok()) return std::nullopt;
     return c->config;
@@ -152,13 +177,32 @@ std::optional<KernelConfig> LookupBuiltinTable(const GemvShape& shape, WeightFor
 }
 
 absl::StatusOr<GemvPlan> ChooseConfig(const GemvShape& shape, WeightFormat format,
-                                      const std::string& arch, int sm_count) {
+                                      const std::string& arch, int sm_count, WeightOrder order) {
   if (absl::Status st = CheckShape(shape); !st.ok()) return st;
   const GemvShape launch{LaunchRowsFor(shape.m), shape.n, shape.k};
-  return GetDispatcher().Choose(launch, format, arch, sm_count);
+  return GetDispatcher().Choose(launch, format, arch, sm_count, order);
 }
 
 absl::Status ReloadTuningFile() { return GetDispatcher().Reload(); }
+
+}  // namespace gemvz::internal
+
+namespace gemvz {
+
+WeightOrder PreferredOrder(const std::string& arch, int64_t n, int64_t k) {
+  if (std::optional<WeightOrder> o = internal::GetDispatcher().FileOrder(arch, n, k)) return *o;
+  const auto& index = internal::GetBuiltinIndex();
+  const auto it = index.find(internal::ShapeKey{arch, static_cast<int>(WeightFormat::kZ12), n, k});
+  if (it == index.end()) return WeightOrder::kBlockMajor;
+  for (const TunedChoice* c : it->second) {
+    if (c->config.order != WeightOrder::kGroupMajor) return WeightOrder::kBlockMajor;
+  }
+  return WeightOrder::kGroupMajor;
+}
+
+}  // namespace gemvz
+
+namespace gemvz::internal {
 
 absl::Status TuningFileStatus() { return GetDispatcher().status(); }
 

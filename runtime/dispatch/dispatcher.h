@@ -77,12 +77,19 @@ KernelConfig HeuristicConfigWithoutRowBlocks(const GemvShape& shape, WeightForma
 // with m > 8, say); chunk_m says so. An error only for shapes no kernel takes (N % 16, K % 64,
 // m < 1), naming the rule. A tuning file that cannot be read or parsed is reported once (warning)
 // and ignored. Thread-safe.
+// `order` is the matrix's (DeviceMatrix::order): steps 1 and 2 take only entries of that order
+// (z12), and the heuristic's configuration gets it.
 absl::StatusOr<GemvPlan> ChooseConfig(const GemvShape& shape, WeightFormat format,
-                                      const std::string& arch, int sm_count);
+                                      const std::string& arch, int sm_count,
+                                      WeightOrder order = WeightOrder::kBlockMajor);
 
 // The entry of the built-in table that ChooseConfig's step 2 would use, if any.
 std::optional<KernelConfig> LookupBuiltinTable(const GemvShape& shape, WeightFormat format,
-                                               const std::string& arch);
+                                               const std::string& arch,
+                                               WeightOrder order = WeightOrder::kBlockMajor);
+
+// `c` in `order` where it has one (z12; plain BF16 configurations are returned as they are).
+KernelConfig InOrder(KernelConfig c, WeightOrder order);
 
 // Forgets the cached tuning file and reads TuningFilePath() again now (tests, or after another
 // process saved). Returns the load's status; on error the dispatcher runs without the file.

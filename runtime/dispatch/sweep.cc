@@ -10,8 +10,10 @@
 namespace gemvz {
 namespace {
 
-// NW 3 (uneven shares on power-of-two K) won six of the suite's rows in session 10.
-constexpr int kSweepNw[] = {1, 2, 3, 4, 6, 8, 12, 16};
+// NW 3 (uneven shares on power-of-two K) won six of the suite's rows in session 10; NW 7 three
+// of its group-major rows in session 12 (NW 5 came within 0.2 % of two), at S = 1, the only S
+// that NW 5 and 7 are timed with (they share K among the warps more evenly than 4 or 8 would).
+constexpr int kSweepNw[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16};
 constexpr int kSweepUg[] = {1, 2, 4};
 constexpr int kSweepSplits[] = {1, 2, 3, 4, 6, 8};
 
@@ -36,14 +38,16 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
         // z12's PIPE 4..8 (register caps) are measured like the rest; bf16 has 0..3.
         for (int pipe = 0; pipe <= MaxPipe(format); ++pipe) {
           for (int s : kSweepSplits) {
+            if ((nw == 5 || nw == 7) && s != 1) continue;
             // z12's two row blocks per CTA where they can pay: with NB >= 2 (x's fragments are
             // then the larger share of a warp's registers; at NB 1 they gained nothing on the
-            // H200) and UG 1 or 2 (at UG 4 a warp would hold eight groups' weights); four with
-            // UG 1 (S = 1 only; at NB 4 since session 9, NB 2 and 3 since session 11).
+            // H200) and UG 1 or 2, or UG 4 at NB 2 (a warp then holds eight groups' weights: two
+            // group-major rows of session 12); four with UG 1 (S = 1 only; at NB 4 since session
+            // 9, NB 2 and 3 since session 11).
             const bool z12 = format == WeightFormat::kZ12;
-            const int max_rb = z12 && nb >= 2 && ug == 1 && s == 1 ? 4
-                               : z12 && nb >= 2 && ug <= 2         ? 2
-                                                                   : 1;
+            const int max_rb = z12 && nb >= 2 && ug == 1 && s == 1                   ? 4
+                               : z12 && nb >= 2 && (ug <= 2 || (ug == 4 && nb == 2)) ? 2
+                                                                                     : 1;
             for (int rb = 1; rb <= max_rb; rb *= 2) {
               const KernelConfig c{format, nw, ug, nb, pipe, s, rb};
               // Uneven shares of K only where the busiest warp is near the mean.
@@ -69,6 +73,14 @@ std::vector<KernelConfig> DefaultWarmupConfigs() {
   for (WeightFormat format : {WeightFormat::kZ12, WeightFormat::kBf16}) {
     for (const auto& nk : kSuite) {
       for (int64_t m = 1; m <= 16; ++m) add(HeuristicConfig(GemvShape{m, nk[0], nk[1]}, format));
+    }
+  }
+  // Above the table's 16 rows its group-major shapes take the heuristic's choice, in their order.
+  for (const TunedChoice& choice : BuiltinTunedTable()) {
+    if (choice.config.order != WeightOrder::kGroupMajor || choice.m != 1) continue;
+    for (int64_t m = 17; m <= internal::kMaxTokensPerLaunch; ++m) {
+      add(internal::InOrder(HeuristicConfig(GemvShape{m, choice.n, choice.k}, choice.format),
+                            WeightOrder::kGroupMajor));
     }
   }
   // Every kernel the heuristic's shaped rule can pick, so that shapes outside the table (a 70B

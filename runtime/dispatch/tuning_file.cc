@@ -38,14 +38,17 @@ using Json = nlohmann::ordered_json;
 // divide K), which a gemvz that reads only versions 1 and 2 rejects as invalid.
 // Version 4: the same; a config may take RB 4, which a gemvz that reads only versions 1 to 3
 // rejects as invalid.
+// Version 5: the same; a config may carry the ".gm" field (group-major weights,
+// KernelConfig::order), which a gemvz that reads only versions 1 to 4 cannot parse.
 // A file is written as the oldest version that holds all its entries, so that older gemvz keep
 // reading it while they can, and refuse it without overwriting it once they cannot. This gemvz
-// reads all four.
-constexpr int kTuningFileVersion = 4;
+// reads all five.
+constexpr int kTuningFileVersion = 5;
 constexpr int kOldestTuningFileVersion = 1;
 
 // The oldest version that holds `c`.
 int VersionFor(const TunedChoice& c) {
+  if (c.config.order == WeightOrder::kGroupMajor) return 5;
   if (c.config.rb == 4) return 4;
   if (c.format == WeightFormat::kZ12 && !internal::EvenShares(c.k / 64, c.config)) return 3;
   return c.config.rb != 1 ? 2 : 1;

@@ -1,5 +1,9 @@
 #include "runtime/format/z12_layout.h"
 
+#include <cstring>
+
+#include "gemvz/format.h"
+
 namespace gemvz::internal {
 
 const GroupSlotTable& GroupSlots() {
@@ -47,6 +51,18 @@ std::array<uint32_t, 4> EmulateDecz(uint32_t s0, uint32_t s1, uint32_t q, uint32
   const uint32_t h1 = EmulateLop3(EmulatePrmt(tl, th, (q >> 16) & 0x7777u), q << 4, 0x80808080u, 0xF8);
   return {EmulatePrmt(s0, h0, 0x5140u), EmulatePrmt(s0, h0, 0x7362u), EmulatePrmt(s1, h1, 0x5140u),
           EmulatePrmt(s1, h1, 0x7362u)};
+}
+
+std::vector<uint8_t> ToGroupMajor(const std::vector<uint8_t>& weights, int64_t rows, int64_t cols) {
+  const int64_t blocks = rows / kRowBlock, groups = cols / kColGroup;
+  std::vector<uint8_t> out(weights.size());
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t g = 0; g < groups; ++g) {
+      std::memcpy(out.data() + (g * blocks + b) * kGroupBytes,
+                  weights.data() + (b * groups + g) * kGroupBytes, kGroupBytes);
+    }
+  }
+  return out;
 }
 
 }  // namespace gemvz::internal

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 namespace gemvz::internal {
 
@@ -33,5 +34,10 @@ uint32_t EmulateLop3(uint32_t a, uint32_t b, uint32_t c, uint8_t lut);
 // decz: S0/S1 low bytes of values 0-3 / 4-7, Q the code/sign word -> the four A-fragment registers
 // (each two BF16 values, the lower-indexed in the low half).
 std::array<uint32_t, 4> EmulateDecz(uint32_t s0, uint32_t s1, uint32_t q, uint32_t tl, uint32_t th);
+
+// The packed weights ([rows/16][cols/64] units of kGroupBytes, block-major) in group-major order
+// ([cols/64][rows/16] units): what a DeviceMatrix uploaded with WeightOrder::kGroupMajor holds.
+// `weights` must hold rows/16 * cols/64 units (ValidatePacked checks it).
+std::vector<uint8_t> ToGroupMajor(const std::vector<uint8_t>& weights, int64_t rows, int64_t cols);
 
 }  // namespace gemvz::internal

@@ -13,11 +13,12 @@
 #include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/cuda/driver.h"
+#include "runtime/dispatch/dispatcher.h"
 
 namespace gemvz::internal {
 namespace {
 
-using TuneKey = std::tuple<std::string, int, int64_t, int64_t, int64_t>;
+using TuneKey = std::tuple<std::string, int, int64_t, int64_t, int64_t, int>;  // + order
 
 absl::Mutex tune_mu(absl::kConstInit);
 absl::flat_hash_map<TuneKey, GemvPlan>& Tuned() {
@@ -40,11 +41,13 @@ bool AutotuneEnabled() { return GetEnvBool("GEMVZ_AUTOTUNE", false); }
 absl::StatusOr<GemvPlan> Autotune(const DeviceMatrix& w, const GemvShape& shape,
                                   const DeviceInfo& info) {
   const DeviceMatrixState& s = *w.state();
-  const TuneKey key{info.arch, static_cast<int>(s.format), shape.m, shape.n, shape.k};
+  const TuneKey key{info.arch, static_cast<int>(s.format), shape.m, shape.n,
+                    shape.k,   static_cast<int>(s.order)};
   absl::MutexLock lock(&tune_mu);  // one tuning at a time; the others wait for its answer
   if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
 
   std::vector<KernelConfig> space = SweepSpace(shape, s.format);
+  for (KernelConfig& c : space) c = InOrder(c, s.order);  // the matrix's order
   const size_t cap = static_cast<size_t>(std::max<int64_t>(1, GetEnvInt64("GEMVZ_AUTOTUNE_MAX", 24)));
   std::vector<KernelConfig> candidates;
   if (space.size() <= cap) {
@@ -52,7 +55,8 @@ absl::StatusOr<GemvPlan> Autotune(const DeviceMatrix& w, const GemvShape& shape,
   } else {  // an even spread over the space, always including the heuristic's choice
     for (size_t i = 0; i < cap; ++i) candidates.push_back(space[i * space.size() / cap]);
   }
-  const KernelConfig heuristic = HeuristicConfig(shape, s.format, info.limits.sm_count);
+  const KernelConfig heuristic =
+      InOrder(HeuristicConfig(shape, s.format, info.limits.sm_count), s.order);
   if (std::find(candidates.begin(), candidates.end(), heuristic) == candidates.end()) {
     candidates.push_back(heuristic);
   }

@@ -4,8 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "gemvz/dispatch.h"
+#include "runtime/common/env.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/cuda/driver.h"
+#include "runtime/format/z12_layout.h"
 #include "runtime/gemv/device_state.h"
 #include "runtime/jit/kernel_cache.h"
 
@@ -59,6 +62,19 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
   return info;
 }
 
+absl::StatusOr<WeightOrder> ResolveOrder(const std::optional<WeightOrder>& requested,
+                                         const std::string& arch, int64_t rows, int64_t cols) {
+  if (requested) return *requested;
+  const std::optional<std::string> env = GetEnv("GEMVZ_WEIGHT_ORDER");
+  if (env && *env == "block") return WeightOrder::kBlockMajor;
+  if (env && *env == "group") return WeightOrder::kGroupMajor;
+  if (env && !env->empty() && *env != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GEMVZ_WEIGHT_ORDER must be block, group or auto, not '", *env, "'"));
+  }
+  return PreferredOrder(arch, rows, cols);
+}
+
 namespace {
 
 // Allocates and fills one device array; an empty array still gets a small allocation so every
@@ -79,10 +95,12 @@ absl::StatusOr<CUdeviceptr> UploadVector(DeviceMatrixState& s, const std::vector
 }  // namespace
 }  // namespace internal
 
-absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, int device) {
+absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, int device,
+                                                  const UploadOptions& options) {
   RETURN_IF_ERROR(ValidatePacked(packed));
   ASSIGN_OR_RETURN(auto info, internal::GetDeviceInfo(device));
-  (void)info;
+  ASSIGN_OR_RETURN(const WeightOrder order,
+                   internal::ResolveOrder(options.order, info.arch, packed.rows, packed.cols));
   ASSIGN_OR_RETURN(auto ctx, internal::ScopedDeviceContext::Enter(device));
   auto s = std::make_shared<internal::DeviceMatrixState>();
   s->device = device;
@@ -91,7 +109,14 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, in
   s->cols = packed.cols;
   s->tl = packed.tl;
   s->th = packed.th;
-  ASSIGN_OR_RETURN(s->weights, internal::UploadVector(*s, packed.weights));
+  s->order = order;
+  if (order == WeightOrder::kGroupMajor) {
+    ASSIGN_OR_RETURN(s->weights,
+                     internal::UploadVector(
+                         *s, internal::ToGroupMajor(packed.weights, packed.rows, packed.cols)));
+  } else {
+    ASSIGN_OR_RETURN(s->weights, internal::UploadVector(*s, packed.weights));
+  }
   ASSIGN_OR_RETURN(s->row_offsets, internal::UploadVector(*s, packed.row_offsets));
   ASSIGN_OR_RETURN(s->entries, internal::UploadVector(*s, packed.entries));
   ASSIGN_OR_RETURN(s->dense_block_offsets, internal::UploadVector(*s, packed.dense_block_offsets));
@@ -156,12 +181,13 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::UploadPlain(const uint16_t* host, int
 }
 
 absl::StatusOr<DeviceMatrix> DeviceMatrix::FromBf16(const uint16_t* host, int64_t rows,
-                                                    int64_t cols, int device) {
+                                                    int64_t cols, int device,
+                                                    const UploadOptions& options) {
   if (host == nullptr) return absl::InvalidArgumentError("FromBf16: the weight pointer is null");
   absl::Status shape = CheckPackableShape(rows, cols);
   if (shape.ok()) {
     ASSIGN_OR_RETURN(PackedMatrix packed, Pack(host, rows, cols));
-    return Upload(packed, device);
+    return Upload(packed, device, options);
   }
   if (rows <= 0 || cols <= 0) return shape;
   ASSIGN_OR_RETURN(DeviceMatrix m, UploadPlain(host, rows, cols, device));
@@ -173,6 +199,9 @@ int64_t DeviceMatrix::rows() const { return state_ ? state_->rows : 0; }
 int64_t DeviceMatrix::cols() const { return state_ ? state_->cols : 0; }
 int DeviceMatrix::device() const { return state_ ? state_->device : -1; }
 WeightFormat DeviceMatrix::format() const { return state_ ? state_->format : WeightFormat::kZ12; }
+WeightOrder DeviceMatrix::order() const {
+  return state_ ? state_->order : WeightOrder::kBlockMajor;
+}
 int64_t DeviceMatrix::weight_bytes() const { return state_ ? state_->weight_bytes : 0; }
 const std::string& DeviceMatrix::fallback_reason() const {
   static const std::string kEmpty;

@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@ namespace gemvz::internal {
 struct DeviceMatrixState {
   int device = 0;
   WeightFormat format = WeightFormat::kZ12;
+  WeightOrder order = WeightOrder::kBlockMajor;  // z12: how `weights` lies (config.h)
   int64_t rows = 0, cols = 0;
   int64_t weight_bytes = 0;
   std::string fallback_reason;
@@ -46,5 +48,10 @@ struct DeviceInfo {
 };
 // Queried once per device.
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int device);
+
+// UploadOptions::order's rule: `requested` if set, else GEMVZ_WEIGHT_ORDER (block, group; auto or
+// unset: on), else PreferredOrder(arch, rows, cols). An error names a bad GEMVZ_WEIGHT_ORDER.
+absl::StatusOr<WeightOrder> ResolveOrder(const std::optional<WeightOrder>& requested,
+                                         const std::string& arch, int64_t rows, int64_t cols);
 
 }  // namespace gemvz::internal

@@ -71,6 +71,19 @@ absl::StatusOr<Workspace*> GetWorkspace(CUcontext ctx, CUstream stream) {
 // Pdl::kAuto: PDL only for grids that fill at least this many tenths of the resident CTA slots.
 constexpr int64_t kPdlMinFillTenths = 9;
 
+// A 12-bit kernel reads its weights in one order (KernelConfig::order); the matrix holds them in
+// one (DeviceMatrix::order).
+absl::Status CheckOrder(const KernelConfig& c, const DeviceMatrixState& s, const char* source) {
+  if (s.format != WeightFormat::kZ12 || c.order == s.order) return absl::OkStatus();
+  KernelConfig fixed = c;
+  fixed.order = s.order;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "configuration ", c.ToString(), " (", source, ") reads ", std::string(OrderName(c.order)),
+      "-major weights, but the matrix was uploaded ", std::string(OrderName(s.order)),
+      "-major: use ", fixed.ToString(), ", or upload the matrix in the other order ",
+      "(UploadOptions::order, GEMVZ_WEIGHT_ORDER)"));
+}
+
 int64_t Rows16(const DeviceMatrixState& s) { return (s.rows + 15) / 16 * 16; }
 int64_t Cols64(const DeviceMatrixState& s) { return (s.cols + 63) / 64 * 64; }
 
@@ -95,6 +108,7 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
           std::string(FormatName(c.format)), " weights, but the matrix is ",
           std::string(FormatName(s.format))));
     }
+    RETURN_IF_ERROR(CheckOrder(c, s, source));
     const GemvShape launch = LaunchShape(shape, c);
     RETURN_IF_ERROR(Validate(c, launch, info.limits));
     return GemvPlan{c, source, launch.m};
@@ -109,7 +123,8 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
     // A forced configuration of the other format does not apply to this matrix.
     if (c->format == s.format) return forced(*c, "env");
   }
-  ASSIGN_OR_RETURN(GemvPlan plan, ChooseConfig(shape, s.format, info.arch, info.limits.sm_count));
+  ASSIGN_OR_RETURN(GemvPlan plan,
+                   ChooseConfig(shape, s.format, info.arch, info.limits.sm_count, s.order));
   if (plan.source == "heuristic" && allow_autotune && AutotuneEnabled()) {
     auto tuned = Autotune(w, shape, info);
     if (tuned.ok()) return *tuned;
@@ -131,6 +146,7 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
                            const uint16_t* x, int64_t m, void* out, bool fp32_out,
                            CUstream stream, Pdl pdl_mode) {
   const DeviceMatrixState& s = *w.state();
+  RETURN_IF_ERROR(CheckOrder(config, s, "launch"));
   ASSIGN_OR_RETURN(auto scope, ScopedDeviceContext::Enter(s.device));
   ASSIGN_OR_RETURN(LoadedKernel kernel, GetKernel(s.device, config));
   const int64_t row_blocks = Rows16(s) / 16;

@@ -66,10 +66,15 @@ CompileRequest RequestForConfig(const KernelConfig& config, std::string_view arc
   r.arch = std::string(arch);
   const std::string format(FormatName(config.format));
   r.source_file = absl::StrCat(format, "_gemv.cuh");
-  // z12's fifth template argument, RB, defaults to 1; spelled out only when it is not.
+  // z12's fifth and sixth template arguments, RB and GM, default to 1 and 0 (block-major); each
+  // is spelled out only when it or a later one is not its default, so that the block-major
+  // kernels keep the names (and cache keys) they had before GM existed.
+  const bool gm = config.order == WeightOrder::kGroupMajor;
+  std::string tail;
+  if (config.rb != 1 || gm) absl::StrAppend(&tail, ", ", config.rb);
+  if (gm) absl::StrAppend(&tail, ", 1");
   r.name_expression = absl::StrFormat("gemvz_%s_kernel<%d, %d, %d, %d%s>", format, config.nw,
-                                      config.ug, config.nb, config.pipe,
-                                      config.rb != 1 ? absl::StrCat(", ", config.rb) : "");
+                                      config.ug, config.nb, config.pipe, tail);
   r.kernel_name = config.KernelName();
   return r;
 }

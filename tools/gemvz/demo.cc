@@ -23,6 +23,7 @@
 #include "runtime/common/env.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/dispatch/dispatcher.h"
+#include "runtime/gemv/device_state.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tools/gemvz/bench_flags.h"
 #include "tools/gemvz/bench_gpu.h"
@@ -103,8 +104,11 @@ absl::StatusOr<std::vector<KernelUse>> KernelsNeeded(const std::vector<MatrixSha
         plan.config = *forced;
         plan.source = "env";
       } else {
+        // In the order the demo's upload will take (UploadOptions' rule).
+        ASSIGN_OR_RETURN(const WeightOrder order,
+                         internal::ResolveOrder(std::nullopt, arch, s.n, s.k));
         ASSIGN_OR_RETURN(plan, internal::ChooseConfig(GemvShape{m, s.n, s.k}, WeightFormat::kZ12,
-                                                      arch, sm_count));
+                                                      arch, sm_count, order));
       }
       const std::string name = plan.config.KernelName();
       auto [it, fresh] = index.emplace(name, uses.size());

@@ -21,6 +21,7 @@
 #include "gemvz/runtime.h"
 #include "nlohmann/json.hpp"
 #include "runtime/dispatch/dispatcher.h"
+#include "runtime/gemv/device_state.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tools/gemvz/bench_flags.h"
 #include "tools/gemvz/bench_gpu.h"
@@ -396,7 +397,18 @@ int RunTune(const std::vector<std::string>& args) {
   // One case per (shape, m, format); each candidate checked against the rules first.
   std::vector<TuneCase> cases;
   int invalid_single = 0;
+  const std::string run_arch = session ? session->info().arch : arch;
   for (const MatrixShape& shape : *shapes) {
+    // The 12-bit weights are uploaded in the order DeviceMatrix::Upload picks for the shape
+    // (GEMVZ_WEIGHT_ORDER, else the dispatcher's PreferredOrder), and every 12-bit candidate runs
+    // in that order: a kernel reads one order only.
+    absl::StatusOr<WeightOrder> order =
+        internal::ResolveOrder(std::nullopt, run_arch, shape.n, shape.k);
+    if (!order.ok()) {
+      std::fprintf(stderr, "gemvz tune: %s\n", std::string(order.status().message()).c_str());
+      return 2;
+    }
+    bool reordered = false;
     for (const int64_t m : *ms) {
       const GemvShape gshape{m, shape.n, shape.k};
       std::vector<KernelConfig> configs;
@@ -406,6 +418,11 @@ int RunTune(const std::vector<std::string>& args) {
         configs = *space;
       } else {
         configs = SweepSpace(gshape, *sweep_format);
+      }
+      for (KernelConfig& config : configs) {
+        const KernelConfig in_order = internal::InOrder(config, *order);
+        reordered = reordered || in_order != config;
+        config = in_order;
       }
       std::map<WeightFormat, TuneCase> by_format;
       for (const KernelConfig& config : configs) {
@@ -431,6 +448,14 @@ int RunTune(const std::vector<std::string>& args) {
                      gshape.ToString().c_str());
       }
       for (auto& [format, c] : by_format) cases.push_back(std::move(c));
+    }
+    if (reordered) {
+      std::fprintf(stderr,
+                   "gemvz tune: note: %s's 12-bit weights are uploaded %s-major here, so its "
+                   "configurations run as %s-major ones (GEMVZ_WEIGHT_ORDER=block or group "
+                   "chooses)\n",
+                   shape.ToString().c_str(), std::string(OrderName(*order)).c_str(),
+                   std::string(OrderName(*order)).c_str());
     }
   }
   if (single && invalid_single == static_cast<int>(cases.size())) {
