@@ -1,6 +1,8 @@
 #include "runtime/format/z12_layout.h"
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "gemvz/format.h"
 
@@ -53,16 +55,28 @@ std::array<uint32_t, 4> EmulateDecz(uint32_t s0, uint32_t s1, uint32_t q, uint32
           EmulatePrmt(s1, h1, 0x7362u)};
 }
 
-std::vector<uint8_t> ToGroupMajor(const std::vector<uint8_t>& weights, int64_t rows, int64_t cols) {
+void ToGroupMajor(const uint8_t* weights, int64_t rows, int64_t cols, uint8_t* out) {
   const int64_t blocks = rows / kRowBlock, groups = cols / kColGroup;
-  std::vector<uint8_t> out(weights.size());
-  for (int64_t b = 0; b < blocks; ++b) {
-    for (int64_t g = 0; g < groups; ++g) {
-      std::memcpy(out.data() + (g * blocks + b) * kGroupBytes,
-                  weights.data() + (b * groups + g) * kGroupBytes, kGroupBytes);
+  const int64_t bytes = blocks * groups * kGroupBytes;
+  // Groups in parallel, each thread writing its own contiguous range of `out` (a memory-bound
+  // copy; `out` is best left unwritten before, so that its pages are first touched here).
+  auto copy_groups = [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        std::memcpy(out + (g * blocks + b) * kGroupBytes, weights + (b * groups + g) * kGroupBytes,
+                    kGroupBytes);
+      }
     }
+  };
+  const int64_t threads = std::min<int64_t>(
+      {groups, static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())), 16,
+       std::max<int64_t>(1, bytes >> 24)});  // 16 MiB a thread
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) {
+    pool.emplace_back(copy_groups, groups * t / threads, groups * (t + 1) / threads);
   }
-  return out;
+  copy_groups(0, groups / threads);
+  for (std::thread& th : pool) th.join();
 }
 
 }  // namespace gemvz::internal

@@ -4,7 +4,6 @@
 
 #include <array>
 #include <cstdint>
-#include <vector>
 
 namespace gemvz::internal {
 
@@ -36,8 +35,8 @@ uint32_t EmulateLop3(uint32_t a, uint32_t b, uint32_t c, uint8_t lut);
 std::array<uint32_t, 4> EmulateDecz(uint32_t s0, uint32_t s1, uint32_t q, uint32_t tl, uint32_t th);
 
 // The packed weights ([rows/16][cols/64] units of kGroupBytes, block-major) in group-major order
-// ([cols/64][rows/16] units): what a DeviceMatrix uploaded with WeightOrder::kGroupMajor holds.
-// `weights` must hold rows/16 * cols/64 units (ValidatePacked checks it).
-std::vector<uint8_t> ToGroupMajor(const std::vector<uint8_t>& weights, int64_t rows, int64_t cols);
+// ([cols/64][rows/16] units) into `out`, which holds as many bytes: what a DeviceMatrix uploaded
+// with WeightOrder::kGroupMajor holds. Uses up to 16 threads.
+void ToGroupMajor(const uint8_t* weights, int64_t rows, int64_t cols, uint8_t* out);
 
 }  // namespace gemvz::internal

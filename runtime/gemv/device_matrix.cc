@@ -1,5 +1,6 @@
 // Uploading weights: a packed matrix's arrays, or plain BF16 padded to the kernel's tiles.
 #include <cstring>
+#include <memory>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -111,9 +112,10 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, in
   s->th = packed.th;
   s->order = order;
   if (order == WeightOrder::kGroupMajor) {
-    ASSIGN_OR_RETURN(s->weights,
-                     internal::UploadVector(
-                         *s, internal::ToGroupMajor(packed.weights, packed.rows, packed.cols)));
+    // Reordered on the host, into memory that nothing writes first (no zero fill).
+    const std::unique_ptr<uint8_t[]> reordered(new uint8_t[packed.weights.size()]);
+    internal::ToGroupMajor(packed.weights.data(), packed.rows, packed.cols, reordered.get());
+    ASSIGN_OR_RETURN(s->weights, internal::UploadArray(*s, reordered.get(), packed.weights.size()));
   } else {
     ASSIGN_OR_RETURN(s->weights, internal::UploadVector(*s, packed.weights));
   }
