@@ -148,6 +148,7 @@ void CheckDispatcherChoices(const std::vector<std::pair<int64_t, int64_t>>& shap
     for (int64_t m : ms) {
       auto plan = PlanGemv(p.dm, m);
       ASSERT_TRUE(plan.ok()) << plan.status();
+      if (!plain) EXPECT_EQ(plan->config.order, p.dm.order()) << plan->config.ToString();
       EXPECT_EQ(p.Check(m, {}, seed + m), "") << n << "x" << k << " m=" << m << " "
                                               << plan->config.ToString() << " (" << plan->source
                                               << ")";
@@ -155,6 +156,8 @@ void CheckDispatcherChoices(const std::vector<std::pair<int64_t, int64_t>>& shap
   }
 }
 
+// m = 24 and 32 too: above the table's rows its group-major shapes run the heuristic's kernels
+// in group-major order.
 TEST(Gemv, DispatcherChoicesOnTheSuite) {
   GEMVZ_REQUIRE_GPU();
   CheckDispatcherChoices({{4096, 8192},
@@ -163,7 +166,8 @@ TEST(Gemv, DispatcherChoicesOnTheSuite) {
                           {28672, 4096},
                           {4096, 14336},
                           {10240, 8192},
-                          {8192, 28672}});
+                          {8192, 28672}},
+                         {1, 8, 16, 24, 32});
 }
 
 // K whose groups few warp counts divide: 43 groups (a prime), 86 and 172 (Llama-2-7B's K, the
