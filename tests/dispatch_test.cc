@@ -451,10 +451,12 @@ TEST_F(TuningFileTest, VersionIsTheOldestThatHoldsTheEntries) {
   EXPECT_EQ(nlohmann::json::parse(ReadAll(path_)).at("version"), 5);
   loaded = Load();
   ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
-  ASSERT_EQ(loaded->size(), 3u);
+  // It replaced the block-major RB 4 entry of the same shape (a shape's entries share one order).
+  ASSERT_EQ(loaded->size(), 2u);
   configs.clear();
   for (const TunedChoice& t : *loaded) configs.insert(t.config.ToString());
-  EXPECT_EQ(configs.count("z12.nw4.ug1.nb2.pipe3.gm.s1"), 1u);
+  EXPECT_EQ(configs, (std::set<std::string>{"z12.nw4.ug1.nb2.pipe3.gm.s1",
+                                            "z12.nw4.ug1.nb1.pipe2.s1"}));
   // Version 2 to 5 files without such entries read too.
   for (const char* text : {R"({"version": 2, "entries": []})", R"({"version": 3, "entries": []})",
                            R"({"version": 4, "entries": []})", R"({"version": 5, "entries": []})"}) {
@@ -598,24 +600,32 @@ TEST_F(TuningFileTest, ProcessesSavingAtOnceLoseNothing) {
 // ----------------------------------------------------------------------------------------------
 // The built-in table.
 
-TEST(BuiltinTableTest, CoversTheSuiteOncePerFormatAndM) {
-  std::map<std::tuple<int, int64_t, int64_t, int64_t>, int> count;
+// Every suite shape at m = 1, 8, 16 once per format in block-major order, and once more
+// group-major for the shapes measured faster so (tuned_table.cc).
+TEST(BuiltinTableTest, CoversTheSuiteOncePerFormatOrderAndM) {
+  std::map<std::tuple<int, int, int64_t, int64_t, int64_t>, int> count;
   for (const TunedChoice& c : BuiltinTunedTable()) {
     EXPECT_EQ(c.arch, "sm_90");
-    count[{static_cast<int>(c.format), c.m, c.n, c.k}]++;
+    count[{static_cast<int>(c.format), static_cast<int>(c.config.order), c.m, c.n, c.k}]++;
   }
+  const std::set<std::pair<int64_t, int64_t>> group = {
+      {4096, 8192}, {28672, 4096}, {4096, 14336}, {10240, 8192}, {8192, 28672}};
   size_t expected = 0;
   for (WeightFormat f : kFormats) {
     for (const auto& nk : kSuite) {
       for (int64_t m : {1, 8, 16}) {
-        ++expected;
-        EXPECT_EQ((count[{static_cast<int>(f), m, nk[0], nk[1]}]), 1)
-            << FormatName(f) << " m" << m << " " << nk[0] << "x" << nk[1];
+        for (WeightOrder o : {WeightOrder::kBlockMajor, WeightOrder::kGroupMajor}) {
+          const bool present = o == WeightOrder::kBlockMajor ||
+                               (f == WeightFormat::kZ12 && group.count({nk[0], nk[1]}) > 0);
+          expected += present;
+          EXPECT_EQ((count[{static_cast<int>(f), static_cast<int>(o), m, nk[0], nk[1]}]),
+                    present ? 1 : 0)
+              << FormatName(f) << " " << OrderName(o) << " m" << m << " " << nk[0] << "x" << nk[1];
+        }
       }
     }
   }
   EXPECT_EQ(BuiltinTunedTable().size(), expected);
-  EXPECT_EQ(count.size(), expected);
 }
 
 TEST(BuiltinTableTest, EveryRowIsAValidLaunchOfItsShape) {
@@ -1406,6 +1416,18 @@ TEST(DefaultWarmupTest, DistinctKernelsOfTheTableAndTheHeuristic) {
   for (const HeuristicFamilyKernel& k : HeuristicFamilyKernels()) {  // unseen shapes start warm
     EXPECT_TRUE(names.contains(k.config.KernelName())) << k.config.KernelName();
   }
+  // Above the table's 16 rows its group-major shapes run the heuristic's kernels group-major.
+  int group_major = 0;
+  for (const auto& nk : kSuite) {
+    if (PreferredOrder("sm_90", nk[0], nk[1]) != WeightOrder::kGroupMajor) continue;
+    for (int64_t m = 17; m <= 32; ++m) {
+      const KernelConfig h = InOrder(
+          HeuristicConfig(GemvShape{m, nk[0], nk[1]}, WeightFormat::kZ12), WeightOrder::kGroupMajor);
+      EXPECT_TRUE(names.contains(h.KernelName())) << h.KernelName();
+      ++group_major;
+    }
+  }
+  EXPECT_EQ(group_major, 5 * 16);
   EXPECT_EQ(DefaultWarmupConfigs(), warm);  // stable
   std::printf("[ info ] %zu default warm-up kernels\n", warm.size());
 }
@@ -1430,9 +1452,14 @@ class ChooseConfigTest : public TuningFileTest {
     return plan.ok() ? *plan : GemvPlan{};
   }
 
-  static const TunedChoice& TableEntry(WeightFormat f, int64_t m, int64_t n, int64_t k) {
+  // The row in the order the shape's upload takes unless given.
+  static const TunedChoice& TableEntry(WeightFormat f, int64_t m, int64_t n, int64_t k,
+                                       std::optional<WeightOrder> order = std::nullopt) {
+    const WeightOrder o = f == WeightFormat::kBf16 ? WeightOrder::kBlockMajor
+                          : order                  ? *order
+                                                   : PreferredOrder("sm_90", n, k);
     for (const TunedChoice& c : BuiltinTunedTable()) {
-      if (c.format == f && c.m == m && c.n == n && c.k == k) return c;
+      if (c.format == f && c.m == m && c.n == n && c.k == k && c.config.order == o) return c;
     }
     ADD_FAILURE() << "no table entry for m" << m << " " << n << "x" << k;
     return BuiltinTunedTable().front();
@@ -1441,7 +1468,7 @@ class ChooseConfigTest : public TuningFileTest {
 
 TEST_F(ChooseConfigTest, TableEntriesAreUsedExactly) {
   for (const TunedChoice& c : BuiltinTunedTable()) {
-    const GemvPlan plan = Choose(GemvShape{c.m, c.n, c.k}, c.format, c.arch);
+    const GemvPlan plan = Choose(GemvShape{c.m, c.n, c.k}, c.format, c.arch, 132, c.config.order);
     EXPECT_EQ(plan.source, "tuned");
     EXPECT_EQ(plan.config, c.config);
     EXPECT_EQ(plan.chunk_m, c.m);
@@ -1544,20 +1571,25 @@ TEST_F(ChooseConfigTest, TheTuningFileComesFirst) {
   EXPECT_EQ(Choose(shape, WeightFormat::kZ12, "sm_100").source, "heuristic");
 }
 
-// The weights' device order: a shape's rows in the built-in table share one, which is the order
-// its upload takes (PreferredOrder); the dispatcher answers a matrix in the other order without
-// them, and gives the heuristic's choice the matrix's order. The tuning file's entries for a
-// shape, when it has any, decide that shape's order instead.
-TEST_F(ChooseConfigTest, EachShapeHasOneOrderAndTheDispatcherFollowsTheMatrix) {
-  std::map<std::tuple<std::string, int, int64_t, int64_t>, std::set<int>> orders;
+// The weights' device order: the built-in table holds rows in one or both orders for a shape,
+// each order's at m = 1, 8 and 16; a shape with group-major rows is uploaded group-major
+// (PreferredOrder); the dispatcher answers a matrix from the rows of its own order, else gives
+// the heuristic's choice its order. The tuning file's entries for a shape, when it has any,
+// decide the shape's order instead, and a save keeps them in one.
+TEST_F(ChooseConfigTest, TheDispatcherFollowsTheMatrixOrder) {
+  std::map<std::tuple<std::string, int, int64_t, int64_t, int>, std::set<int64_t>> rows;
   for (const TunedChoice& c : BuiltinTunedTable()) {
-    orders[{c.arch, static_cast<int>(c.format), c.n, c.k}].insert(static_cast<int>(c.config.order));
+    rows[{c.arch, static_cast<int>(c.format), c.n, c.k, static_cast<int>(c.config.order)}].insert(
+        c.m);
     if (c.format == WeightFormat::kBf16) {
       EXPECT_EQ(c.config.order, WeightOrder::kBlockMajor) << c.config.ToString();
     }
   }
-  for (const auto& [key, set] : orders) EXPECT_EQ(set.size(), 1u) << std::get<2>(key);
-  // The suite's measured orders (tuned_table.cc): group-major where it won.
+  for (const auto& [key, ms] : rows) {
+    EXPECT_EQ(ms, (std::set<int64_t>{1, 8, 16})) << std::get<2>(key) << "x" << std::get<3>(key);
+  }
+  // The suite's measured orders (tuned_table.cc): group-major where it won, with the block-major
+  // rows kept.
   const std::set<std::pair<int64_t, int64_t>> group = {
       {4096, 8192}, {28672, 4096}, {4096, 14336}, {10240, 8192}, {8192, 28672}};
   for (const auto& nk : kSuite) {
@@ -1569,16 +1601,19 @@ TEST_F(ChooseConfigTest, EachShapeHasOneOrderAndTheDispatcherFollowsTheMatrix) {
     EXPECT_EQ(PreferredOrder("sm_100", nk[0], nk[1]), WeightOrder::kBlockMajor);
     for (int64_t m : {1, 8, 16}) {
       const GemvShape shape{m, nk[0], nk[1]};
-      const WeightOrder mine = g ? WeightOrder::kGroupMajor : WeightOrder::kBlockMajor;
-      const WeightOrder other = g ? WeightOrder::kBlockMajor : WeightOrder::kGroupMajor;
-      GemvPlan plan = Choose(shape, WeightFormat::kZ12, "sm_90", 132, mine);
-      EXPECT_EQ(plan.source, "tuned");
-      EXPECT_EQ(plan.config.order, mine);
-      plan = Choose(shape, WeightFormat::kZ12, "sm_90", 132, other);
-      EXPECT_EQ(plan.source, "heuristic") << shape.ToString();
-      EXPECT_EQ(plan.config, InOrder(HeuristicConfig(shape, WeightFormat::kZ12, 132), other));
+      GemvPlan plan = Choose(shape, WeightFormat::kZ12, "sm_90", 132, WeightOrder::kBlockMajor);
+      EXPECT_EQ(plan.source, "tuned") << shape.ToString();
+      EXPECT_EQ(plan.config.order, WeightOrder::kBlockMajor);
+      plan = Choose(shape, WeightFormat::kZ12, "sm_90", 132, WeightOrder::kGroupMajor);
+      EXPECT_EQ(plan.source, g ? "tuned" : "heuristic") << shape.ToString();
+      EXPECT_EQ(plan.config.order, WeightOrder::kGroupMajor);
+      if (!g) {
+        EXPECT_EQ(plan.config, InOrder(HeuristicConfig(shape, WeightFormat::kZ12, 132),
+                                       WeightOrder::kGroupMajor));
+      }
       // Plain BF16 has no order: the same row whatever is asked.
-      EXPECT_EQ(Choose(shape, WeightFormat::kBf16, "sm_90", 132, other).source, "tuned");
+      EXPECT_EQ(Choose(shape, WeightFormat::kBf16, "sm_90", 132, WeightOrder::kGroupMajor).source,
+                "tuned");
     }
   }
   EXPECT_EQ(PreferredOrder("sm_90", 2048, 5120), WeightOrder::kBlockMajor);
@@ -1601,15 +1636,32 @@ TEST_F(ChooseConfigTest, EachShapeHasOneOrderAndTheDispatcherFollowsTheMatrix) {
                 WeightOrder::kBlockMajor);
   EXPECT_EQ(plan.source, "heuristic");
   EXPECT_EQ(plan.config.order, WeightOrder::kBlockMajor);
-  // One block-major entry among them: block-major (every entry must agree).
+  // A block-major winner for one m replaces the shape's group-major entries: block-major.
   KernelConfig bm = gm;
   bm.order = WeightOrder::kBlockMajor;
   ASSERT_TRUE(SaveTunedChoices({{"sm_90", WeightFormat::kZ12, 16, 2048, 5120, bm, 3.2}}).ok());
   EXPECT_EQ(PreferredOrder("sm_90", 2048, 5120), WeightOrder::kBlockMajor);
-  // The file's entries for a table shape decide its order over the table's.
+  absl::StatusOr<std::vector<TunedChoice>> loaded = LoadTunedChoices();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_EQ((*loaded)[0].config, bm);
+  // A hand-edited file that mixes them: block-major.
+  WriteAll(path_, R"({"version": 5, "entries": [
+      {"arch": "sm_90", "format": "z12", "m": 1, "n": 2048, "k": 5120,
+       "config": "z12.nw4.ug1.nb1.pipe3.gm.s1", "time_us": 3.0},
+      {"arch": "sm_90", "format": "z12", "m": 8, "n": 2048, "k": 5120,
+       "config": "z12.nw4.ug1.nb1.pipe3.s1", "time_us": 3.1}]})");
+  ASSERT_TRUE(internal::ReloadTuningFile().ok());
+  EXPECT_EQ(PreferredOrder("sm_90", 2048, 5120), WeightOrder::kBlockMajor);
+  // The file's entries for a table shape decide its order over the table's, and the table's
+  // block-major rows serve the other m.
   ASSERT_TRUE(SaveTunedChoices({{"sm_90", WeightFormat::kZ12, 1, 28672, 4096, bm, 40.0}}).ok());
   EXPECT_EQ(PreferredOrder("sm_90", 28672, 4096), WeightOrder::kBlockMajor);
   EXPECT_EQ(Choose(GemvShape{1, 28672, 4096}, WeightFormat::kZ12).source, "tuning-file");
+  plan = Choose(GemvShape{8, 28672, 4096}, WeightFormat::kZ12);
+  EXPECT_EQ(plan.source, "tuned");
+  EXPECT_EQ(plan.config,
+            TableEntry(WeightFormat::kZ12, 8, 28672, 4096, WeightOrder::kBlockMajor).config);
 }
 
 TEST_F(ChooseConfigTest, TheFileIsReadOncePerProcessUntilReloaded) {
@@ -1643,7 +1695,7 @@ TEST_F(ChooseConfigTest, ACorruptFileIsReportedAndIgnored) {
   EXPECT_CONTAINS(Msg(st), path_);
   EXPECT_CONTAINS(Msg(internal::TuningFileStatus()), path_);
   for (const TunedChoice& c : BuiltinTunedTable()) {
-    const GemvPlan plan = Choose(GemvShape{c.m, c.n, c.k}, c.format);
+    const GemvPlan plan = Choose(GemvShape{c.m, c.n, c.k}, c.format, "sm_90", 132, c.config.order);
     EXPECT_EQ(plan.source, "tuned");
     EXPECT_EQ(plan.config, c.config);
   }

@@ -42,7 +42,7 @@ TEST(DefaultTableTest, CompilesForSm90WithoutSpillsAndWarmsTheCache) {
     EXPECT_GT(r.registers, 0) << r.config.ToString();
     // Two group-major kernels spill up to 12 bytes: a table row measured faster than every kernel that
     // does not (tuned_table.cc: 10240x8192 at m = 16), and the heuristic's choice for that shape
-    // at m = 25..32 (its runtime group stride costs registers). Any other spill, or another size,
+    // at m = 25..32 (its runtime group stride costs registers). Any other spill, or a larger one,
     // is a change of the compiler or the sources. (The counts are CUDA 13.0's NVRTC on the CI
     // machine; the H200 host's gave 8 bytes for the first.)
     static const std::map<std::string, int> kKnownSpills = {

@@ -60,8 +60,9 @@ class PackedCheckpoint {
 
   // A packed tensor as a PackedMatrix: every part checked against its CRC32C, then ValidatePacked.
   absl::StatusOr<PackedMatrix> GetPacked(const std::string& name) const;
-  // A packed tensor uploaded to a GPU (DeviceMatrix::Upload of GetPacked).
-  absl::StatusOr<DeviceMatrix> GetDevice(const std::string& name, int device = 0) const;
+  // A packed tensor uploaded to a GPU (DeviceMatrix::Upload of GetPacked, with `options`).
+  absl::StatusOr<DeviceMatrix> GetDevice(const std::string& name, int device = 0,
+                                         const UploadOptions& options = {}) const;
   // A tensor that was kept as is (not packed).
   absl::StatusOr<TensorView> GetRaw(const std::string& name) const;
   // The original BF16 bits of a BF16 tensor, row-major, packed (unpacked here) or not.

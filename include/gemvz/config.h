@@ -20,7 +20,7 @@ std::string_view FormatName(WeightFormat format);  // "z12" / "bf16"
 // How a 12-bit matrix's 1536-byte (16-row block, 64-wide group) units lie in device memory.
 // Block-major (the packed format's own order, format.h): a row block's groups one after another.
 // Group-major: a group's row blocks one after another, so that CTAs streaming the same group of
-// neighbouring row blocks read neighbouring bytes (docs/BENCHMARKS.md: 1-5 % faster on the
+// neighbouring row blocks read neighbouring bytes (docs/BENCHMARKS.md: 0.5-4.6 % faster on the
 // suite's large shapes at m = 8 and 16 once re-tuned, but some configurations run much slower).
 // A DeviceMatrix is uploaded in one order and runs only the kernels compiled for it.
 enum class WeightOrder {

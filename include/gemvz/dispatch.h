@@ -28,7 +28,9 @@ struct TunedChoice {
 // once a config reads group-major weights (".gm"). All five are read; a newer version is neither
 // read nor overwritten.
 std::string TuningFilePath();
-// Merges `choices` into the tuning file (replacing entries of the same key), atomically.
+// Merges `choices` into the tuning file (replacing entries of the same key), atomically. A 12-bit
+// choice whose weight order (KernelConfig::order) differs from the file's entries for the same
+// (arch, n, k) replaces those entries too (a warning says so): a shape's entries share one order.
 absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices);
 // The entries of the tuning file (empty when there is none).
 absl::StatusOr<std::vector<TunedChoice>> LoadTunedChoices();
@@ -40,10 +42,11 @@ const std::vector<TunedChoice>& BuiltinTunedTable();
 std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format);
 
 // The device order a 12-bit [n, k] matrix gets on an `arch` GPU when its upload does not say
-// (UploadOptions, GEMVZ_WEIGHT_ORDER): the order of the configurations tuned for that shape, those
-// of the tuning file if it has any for (arch, z12, n, k), else those of the built-in table;
-// group-major only when every one of them is, else (and for shapes neither knows) block-major,
-// which the heuristic was measured on.
+// (UploadOptions, GEMVZ_WEIGHT_ORDER): if the tuning file has entries for (arch, z12, n, k), their
+// order (SaveTunedChoices keeps a shape's entries in one; block-major if a hand-edited file mixes
+// them); else group-major if the built-in table has group-major rows for the shape (it may hold
+// block-major rows for it too, for matrices uploaded so); else block-major, which the heuristic
+// was measured on.
 WeightOrder PreferredOrder(const std::string& arch, int64_t n, int64_t k);
 
 // The dispatcher's choice without a tuned entry.

@@ -78,7 +78,8 @@ enum class Pdl {
 
 struct GemvOptions {
   // Forces a configuration (any valid one; compiled at first use). Else GEMVZ_FORCE_CONFIG, else
-  // the dispatcher's choice. A 12-bit configuration's order (".gm" or none) must be the matrix's.
+  // the dispatcher's choice. A 12-bit configuration forced here must be in the matrix's order
+  // (".gm" or none, DeviceMatrix::order()); one from GEMVZ_FORCE_CONFIG runs in it.
   std::optional<KernelConfig> config;
   // Programmatic dependent launch; unset: GEMVZ_PDL decides (1 or auto: kAuto, always: kAlways,
   // unset or 0: kOff). An explicit value wins over the environment.

@@ -5,10 +5,10 @@
 
 namespace gemvz {
 
-absl::StatusOr<DeviceMatrix> PackedCheckpoint::GetDevice(const std::string& name,
-                                                         int device) const {
+absl::StatusOr<DeviceMatrix> PackedCheckpoint::GetDevice(const std::string& name, int device,
+                                                         const UploadOptions& options) const {
   ASSIGN_OR_RETURN(const PackedMatrix packed, GetPacked(name));
-  return DeviceMatrix::Upload(packed, device);
+  return DeviceMatrix::Upload(packed, device, options);
 }
 
 }  // namespace gemvz

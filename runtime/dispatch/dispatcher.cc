@@ -168,7 +168,7 @@ std::optional<KernelConfig> LookupBuiltinTable(const GemvShape& shape, WeightFor
   // covers them, which beats a guess.
   for (const TunedChoice* c : it->second) {
     if (c->m < shape.m) continue;
-    if (format == WeightFormat::kZ12 && c->config.order != order) return std::nullopt;
+    if (format == WeightFormat::kZ12 && c->config.order != order) continue;  // the other order's
     if (c->config.tokens_per_launch() < shape.m) return std::nullopt;
     if (!Validate(c->config, shape).ok()) return std::nullopt;
     return c->config;
@@ -195,9 +195,9 @@ WeightOrder PreferredOrder(const std::string& arch, int64_t n, int64_t k) {
   const auto it = index.find(internal::ShapeKey{arch, static_cast<int>(WeightFormat::kZ12), n, k});
   if (it == index.end()) return WeightOrder::kBlockMajor;
   for (const TunedChoice* c : it->second) {
-    if (c->config.order != WeightOrder::kGroupMajor) return WeightOrder::kBlockMajor;
+    if (c->config.order == WeightOrder::kGroupMajor) return WeightOrder::kGroupMajor;
   }
-  return WeightOrder::kGroupMajor;
+  return WeightOrder::kBlockMajor;
 }
 
 }  // namespace gemvz

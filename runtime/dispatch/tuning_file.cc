@@ -298,7 +298,31 @@ absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices) {
     return absl::Status(existing.status().code(),
                         absl::StrCat("cannot save tuned choices: ", existing.status().message()));
   }
-  for (const TunedChoice& c : choices) merged[KeyOf(c)] = c;
+  for (const TunedChoice& c : choices) {
+    // A shape's 12-bit entries share one weight order (its uploads take it, PreferredOrder): a
+    // choice of the other order replaces them all, so no m is left with an entry its matrices
+    // can never run.
+    int dropped = 0;
+    for (auto it = merged.begin(); it != merged.end();) {
+      const TunedChoice& e = it->second;
+      if (e.format == WeightFormat::kZ12 && c.format == WeightFormat::kZ12 && e.arch == c.arch &&
+          e.n == c.n && e.k == c.k && e.config.order != c.config.order) {
+        it = merged.erase(it);
+        ++dropped;
+      } else {
+        ++it;
+      }
+    }
+    if (dropped > 0) {
+      const bool group = c.config.order == WeightOrder::kGroupMajor;
+      GEMVZ_LOG_WARNING(
+          "tuning file: %d %s-major entr%s for %dx%d on %s replaced by %s-major "
+          "ones (a shape's entries share one weight order)",
+          dropped, group ? "block" : "group", dropped == 1 ? "y" : "ies", c.n, c.k, c.arch,
+          group ? "group" : "block");
+    }
+    merged[KeyOf(c)] = c;
+  }
 
   std::vector<TunedChoice> all;
   all.reserve(merged.size());

@@ -58,6 +58,7 @@ std::array<uint32_t, 4> EmulateDecz(uint32_t s0, uint32_t s1, uint32_t q, uint32
 void ToGroupMajor(const uint8_t* weights, int64_t rows, int64_t cols, uint8_t* out) {
   const int64_t blocks = rows / kRowBlock, groups = cols / kColGroup;
   const int64_t bytes = blocks * groups * kGroupBytes;
+  if (bytes == 0) return;
   // Groups in parallel, each thread writing its own contiguous range of `out` (a memory-bound
   // copy; `out` is best left unwritten before, so that its pages are first touched here).
   auto copy_groups = [&](int64_t g0, int64_t g1) {

@@ -36,7 +36,8 @@ std::array<uint32_t, 4> EmulateDecz(uint32_t s0, uint32_t s1, uint32_t q, uint32
 
 // The packed weights ([rows/16][cols/64] units of kGroupBytes, block-major) in group-major order
 // ([cols/64][rows/16] units) into `out`, which holds as many bytes: what a DeviceMatrix uploaded
-// with WeightOrder::kGroupMajor holds. Uses up to 16 threads.
+// with WeightOrder::kGroupMajor holds. Uses up to 16 threads. rows and cols are multiples of 16
+// and 64 (ValidatePacked); none is nothing to do.
 void ToGroupMajor(const uint8_t* weights, int64_t rows, int64_t cols, uint8_t* out);
 
 }  // namespace gemvz::internal

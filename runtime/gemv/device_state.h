@@ -49,8 +49,9 @@ struct DeviceInfo {
 // Queried once per device.
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int device);
 
-// UploadOptions::order's rule: `requested` if set, else GEMVZ_WEIGHT_ORDER (block, group; auto or
-// unset: on), else PreferredOrder(arch, rows, cols). An error names a bad GEMVZ_WEIGHT_ORDER.
+// UploadOptions::order's rule: `requested` if set, else GEMVZ_WEIGHT_ORDER (block or group; auto
+// or unset defers to the next rule), else PreferredOrder(arch, rows, cols). An error names a bad
+// GEMVZ_WEIGHT_ORDER.
 absl::StatusOr<WeightOrder> ResolveOrder(const std::optional<WeightOrder>& requested,
                                          const std::string& arch, int64_t rows, int64_t cols);
 

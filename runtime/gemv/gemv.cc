@@ -120,8 +120,10 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
       return absl::InvalidArgumentError(
           absl::StrCat("GEMVZ_FORCE_CONFIG: ", c.status().message()));
     }
-    // A forced configuration of the other format does not apply to this matrix.
-    if (c->format == s.format) return forced(*c, "env");
+    // A forced configuration of the other format does not apply to this matrix; a 12-bit one
+    // runs in this matrix's order (a process-wide setting meets matrices of both orders; an
+    // API-forced configuration is one call's, and must match).
+    if (c->format == s.format) return forced(InOrder(*c, s.order), "env");
   }
   ASSIGN_OR_RETURN(GemvPlan plan,
                    ChooseConfig(shape, s.format, info.arch, info.limits.sm_count, s.order));

@@ -68,7 +68,7 @@ CompileRequest RequestForConfig(const KernelConfig& config, std::string_view arc
   r.source_file = absl::StrCat(format, "_gemv.cuh");
   // z12's fifth and sixth template arguments, RB and GM, default to 1 and 0 (block-major); each
   // is spelled out only when it or a later one is not its default, so that the block-major
-  // kernels keep the names (and cache keys) they had before GM existed.
+  // kernels keep the name expressions they had before GM existed (and their machine code).
   const bool gm = config.order == WeightOrder::kGroupMajor;
   std::string tail;
   if (config.rb != 1 || gm) absl::StrAppend(&tail, ", ", config.rb);

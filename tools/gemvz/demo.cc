@@ -98,15 +98,15 @@ absl::StatusOr<std::vector<KernelUse>> KernelsNeeded(const std::vector<MatrixSha
     if (parsed->format == WeightFormat::kZ12) forced = *parsed;
   }
   for (const MatrixShape& s : shapes) {
+    // In the order the demo's upload will take (UploadOptions' rule), which Gemv gives a forced
+    // configuration too.
+    ASSIGN_OR_RETURN(const WeightOrder order, internal::ResolveOrder(std::nullopt, arch, s.n, s.k));
     for (const int64_t m : kDemoMs) {
       GemvPlan plan;
       if (forced) {
-        plan.config = *forced;
+        plan.config = internal::InOrder(*forced, order);
         plan.source = "env";
       } else {
-        // In the order the demo's upload will take (UploadOptions' rule).
-        ASSIGN_OR_RETURN(const WeightOrder order,
-                         internal::ResolveOrder(std::nullopt, arch, s.n, s.k));
         ASSIGN_OR_RETURN(plan, internal::ChooseConfig(GemvShape{m, s.n, s.k}, WeightFormat::kZ12,
                                                       arch, sm_count, order));
       }
