@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -338,6 +339,24 @@ TEST_F(CliTest, TuneSpaceFileSkipsBadLinesAndInvalidConfigurations) {
   EXPECT_TRUE(res["candidates"][0]["check_ok"].get<bool>());
   EXPECT_TRUE(res["candidates"][1].contains("invalid"));
   EXPECT_TRUE(res["winner"].is_object());
+}
+
+// GEMVZ_FORCE_CONFIG is process-wide: the demo plans it, as Gemv runs it, in each matrix's weight
+// order (on sm_90 4096x8192 is uploaded group-major, 6144x4096 block-major).
+TEST_F(CliTest, DemoPlansAForcedConfigurationInEachMatrixOrder) {
+  env_["GEMVZ_FORCE_CONFIG"] = "z12.nw8.ug2.nb1.pipe3.s1";
+  env_["GEMVZ_ARCH"] = "sm_90";
+  const Result r = Run({"demo", "--quick", "--replays=5", "--launches=16", "--rotate_mb=256"});
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  bool group = false, block = false;
+  for (const absl::string_view line : absl::StrSplit(r.out, '\n')) {
+    group = group || (absl::StartsWith(line, "z12.nw8.ug2.nb1.pipe3.gm ") &&
+                      absl::StrContains(line, "4096x8192 m1"));
+    block = block || (absl::StartsWith(line, "z12.nw8.ug2.nb1.pipe3 ") &&
+                      absl::StrContains(line, "6144x4096 m1"));
+  }
+  EXPECT_TRUE(group) << r.out;
+  EXPECT_TRUE(block) << r.out;
 }
 
 TEST_F(CliTest, DemoQuick) {
