@@ -82,15 +82,17 @@ class Dispatcher {
       ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     if (!loaded_) LoadLocked();
-    std::optional<WeightOrder> order;
+    bool any = false, all_group = true;  // group-major only if every entry is
     for (const auto& [key, config] : entries_) {
       if (std::get<0>(key) != arch || std::get<1>(key) != static_cast<int>(WeightFormat::kZ12) ||
           std::get<3>(key) != n || std::get<4>(key) != k) {
         continue;
       }
-      order = (!order || *order == config.order) ? config.order : WeightOrder::kBlockMajor;
+      any = true;
+      all_group = all_group && config.order == WeightOrder::kGroupMajor;
     }
-    return order;
+    if (!any) return std::nullopt;
+    return all_group ? WeightOrder::kGroupMajor : WeightOrder::kBlockMajor;
   }
 
   absl::Status Reload() ABSL_LOCKS_EXCLUDED(mu_) {

@@ -1,6 +1,8 @@
 // What the tuner times for a shape (the sweep space) and what warm-up compiles by default.
 #include <algorithm>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -76,10 +78,13 @@ std::vector<KernelConfig> DefaultWarmupConfigs() {
     }
   }
   // Above the table's 16 rows its group-major shapes take the heuristic's choice, in their order.
+  std::set<std::pair<int64_t, int64_t>> group_major;  // (n, k), in a stable order
   for (const TunedChoice& choice : BuiltinTunedTable()) {
-    if (choice.config.order != WeightOrder::kGroupMajor || choice.m != 1) continue;
+    if (choice.config.order == WeightOrder::kGroupMajor) group_major.insert({choice.n, choice.k});
+  }
+  for (const auto& [n, k] : group_major) {
     for (int64_t m = 17; m <= internal::kMaxTokensPerLaunch; ++m) {
-      add(internal::InOrder(HeuristicConfig(GemvShape{m, choice.n, choice.k}, choice.format),
+      add(internal::InOrder(HeuristicConfig(GemvShape{m, n, k}, WeightFormat::kZ12),
                             WeightOrder::kGroupMajor));
     }
   }
