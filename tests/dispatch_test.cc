@@ -601,7 +601,8 @@ TEST_F(TuningFileTest, ProcessesSavingAtOnceLoseNothing) {
 // The built-in table.
 
 // Every suite shape at m = 1, 8, 16 once per format in block-major order, and once more
-// group-major for the shapes measured faster so (tuned_table.cc).
+// group-major for the shapes measured faster so (tuned_table.cc); 12-bit rows at m = 24 and 32
+// too, in the shape's default order only.
 TEST(BuiltinTableTest, CoversTheSuiteOncePerFormatOrderAndM) {
   std::map<std::tuple<int, int, int64_t, int64_t, int64_t>, int> count;
   for (const TunedChoice& c : BuiltinTunedTable()) {
@@ -613,10 +614,12 @@ TEST(BuiltinTableTest, CoversTheSuiteOncePerFormatOrderAndM) {
   size_t expected = 0;
   for (WeightFormat f : kFormats) {
     for (const auto& nk : kSuite) {
-      for (int64_t m : {1, 8, 16}) {
+      const bool g = group.count({nk[0], nk[1]}) > 0;
+      for (int64_t m : {1, 8, 16, 24, 32}) {
         for (WeightOrder o : {WeightOrder::kBlockMajor, WeightOrder::kGroupMajor}) {
-          const bool present = o == WeightOrder::kBlockMajor ||
-                               (f == WeightFormat::kZ12 && group.count({nk[0], nk[1]}) > 0);
+          const bool present =
+              m <= 16 ? o == WeightOrder::kBlockMajor || (f == WeightFormat::kZ12 && g)
+                      : f == WeightFormat::kZ12 && (o == WeightOrder::kGroupMajor) == g;
           expected += present;
           EXPECT_EQ((count[{static_cast<int>(f), static_cast<int>(o), m, nk[0], nk[1]}]),
                     present ? 1 : 0)
@@ -1416,18 +1419,16 @@ TEST(DefaultWarmupTest, DistinctKernelsOfTheTableAndTheHeuristic) {
   for (const HeuristicFamilyKernel& k : HeuristicFamilyKernels()) {  // unseen shapes start warm
     EXPECT_TRUE(names.contains(k.config.KernelName())) << k.config.KernelName();
   }
-  // Above the table's 16 rows its group-major shapes run the heuristic's kernels group-major.
-  int group_major = 0;
+  // Above 16 rows the suite runs the table's m = 24 and 32 rows (their kernels are above).
   for (const auto& nk : kSuite) {
-    if (PreferredOrder("sm_90", nk[0], nk[1]) != WeightOrder::kGroupMajor) continue;
     for (int64_t m = 17; m <= 32; ++m) {
-      const KernelConfig h = InOrder(
-          HeuristicConfig(GemvShape{m, nk[0], nk[1]}, WeightFormat::kZ12), WeightOrder::kGroupMajor);
-      EXPECT_TRUE(names.contains(h.KernelName())) << h.KernelName();
-      ++group_major;
+      const GemvShape shape{m, nk[0], nk[1]};
+      const std::optional<KernelConfig> row = internal::LookupBuiltinTable(
+          shape, WeightFormat::kZ12, "sm_90", PreferredOrder("sm_90", nk[0], nk[1]));
+      ASSERT_TRUE(row.has_value()) << shape.ToString();
+      EXPECT_TRUE(names.contains(row->KernelName())) << row->KernelName();
     }
   }
-  EXPECT_EQ(group_major, 5 * 16);
   EXPECT_EQ(DefaultWarmupConfigs(), warm);  // stable
   std::printf("[ info ] %zu default warm-up kernels\n", warm.size());
 }
@@ -1492,25 +1493,32 @@ TEST_F(ChooseConfigTest, BetweenTableRowsTheNextMUpServes) {
 
 TEST_F(ChooseConfigTest, BeyondTheTableTheHeuristic) {
   for (WeightFormat f : kFormats) {
+    // Above 16 rows plain BF16, and 12-bit weights in the order the table has no rows above 16
+    // for, take the heuristic; 12-bit weights in the shape's default order take its m = 24 and
+    // 32 rows (TheDispatcherFollowsTheMatrixOrder).
     for (const auto& nk : kSuite) {
+      const WeightOrder order = PreferredOrder("sm_90", nk[0], nk[1]) == WeightOrder::kGroupMajor
+                                    ? WeightOrder::kBlockMajor
+                                    : WeightOrder::kGroupMajor;
       for (int64_t m : {17, 24, 31, 32}) {
         const GemvShape shape{m, nk[0], nk[1]};
-        const GemvPlan plan = Choose(shape, f);
+        const GemvPlan plan = Choose(shape, f, "sm_90", 132, order);
         EXPECT_EQ(plan.source, "heuristic");
-        EXPECT_EQ(plan.config, InOrder(HeuristicConfig(shape, f, 132),
-                                       PreferredOrder("sm_90", shape.n, shape.k)));
+        EXPECT_EQ(plan.config, f == WeightFormat::kZ12
+                                   ? InOrder(HeuristicConfig(shape, f, 132), order)
+                                   : HeuristicConfig(shape, f, 132));
         EXPECT_EQ(plan.chunk_m, m);
       }
       // More rows than one launch takes: four equal chunks of 25 for 100 rows, each NB 4; 40
       // rows run as two chunks of 20, NB 3 (the plan of m = 20).
-      GemvPlan plan = Choose(GemvShape{100, nk[0], nk[1]}, f);
+      GemvPlan plan = Choose(GemvShape{100, nk[0], nk[1]}, f, "sm_90", 132, order);
       EXPECT_EQ(plan.source, "heuristic");
       EXPECT_EQ(plan.chunk_m, 25);
       EXPECT_EQ(plan.config.nb, 4);
-      plan = Choose(GemvShape{40, nk[0], nk[1]}, f);
+      plan = Choose(GemvShape{40, nk[0], nk[1]}, f, "sm_90", 132, order);
       EXPECT_EQ(plan.chunk_m, 20);
       EXPECT_EQ(plan.config.nb, 3);
-      EXPECT_EQ(plan.config, Choose(GemvShape{20, nk[0], nk[1]}, f).config);
+      EXPECT_EQ(plan.config, Choose(GemvShape{20, nk[0], nk[1]}, f, "sm_90", 132, order).config);
     }
   }
   // Another architecture, or an unseen shape: the heuristic, with the caller's SM count.
@@ -1572,7 +1580,8 @@ TEST_F(ChooseConfigTest, TheTuningFileComesFirst) {
 }
 
 // The weights' device order: the built-in table holds rows in one or both orders for a shape,
-// each order's at m = 1, 8 and 16; a shape with group-major rows is uploaded group-major
+// each order's at m = 1, 8 and 16, and the 12-bit rows of the shape's default order also at
+// m = 24 and 32; a shape with group-major rows is uploaded group-major
 // (PreferredOrder); the dispatcher answers a matrix from the rows of its own order, else gives
 // the heuristic's choice its order. The tuning file's entries for a shape, when it has any,
 // decide the shape's order instead, and a save keeps them in one.
@@ -1585,13 +1594,20 @@ TEST_F(ChooseConfigTest, TheDispatcherFollowsTheMatrixOrder) {
       EXPECT_EQ(c.config.order, WeightOrder::kBlockMajor) << c.config.ToString();
     }
   }
-  for (const auto& [key, ms] : rows) {
-    EXPECT_EQ(ms, (std::set<int64_t>{1, 8, 16})) << std::get<2>(key) << "x" << std::get<3>(key);
-  }
   // The suite's measured orders (tuned_table.cc): group-major where it won, with the block-major
   // rows kept.
   const std::set<std::pair<int64_t, int64_t>> group = {
       {4096, 8192}, {28672, 4096}, {4096, 14336}, {10240, 8192}, {8192, 28672}};
+  for (const auto& [key, ms] : rows) {
+    const auto& [arch, format, n, k, order] = key;
+    const WeightOrder preferred =
+        group.count({n, k}) > 0 ? WeightOrder::kGroupMajor : WeightOrder::kBlockMajor;
+    const bool above_16 = format == static_cast<int>(WeightFormat::kZ12) &&
+                          order == static_cast<int>(preferred);
+    const std::set<int64_t> want =
+        above_16 ? std::set<int64_t>{1, 8, 16, 24, 32} : std::set<int64_t>{1, 8, 16};
+    EXPECT_EQ(ms, want) << n << "x" << k << " format " << format << " order " << order;
+  }
   for (const auto& nk : kSuite) {
     const bool g = group.count({nk[0], nk[1]}) > 0;
     EXPECT_EQ(PreferredOrder("sm_90", nk[0], nk[1]),
@@ -1614,6 +1630,20 @@ TEST_F(ChooseConfigTest, TheDispatcherFollowsTheMatrixOrder) {
       // Plain BF16 has no order: the same row whatever is asked.
       EXPECT_EQ(Choose(shape, WeightFormat::kBf16, "sm_90", 132, WeightOrder::kGroupMajor).source,
                 "tuned");
+    }
+    // Above 16 rows the default order's m = 24 and 32 rows serve 17..24 and 25..32 (and the
+    // chunks of larger m); a matrix in the other order takes the heuristic's choice there.
+    const WeightOrder preferred = g ? WeightOrder::kGroupMajor : WeightOrder::kBlockMajor;
+    const WeightOrder other = g ? WeightOrder::kBlockMajor : WeightOrder::kGroupMajor;
+    for (int64_t m : {17, 24, 25, 32, 48}) {
+      const GemvShape shape{m, nk[0], nk[1]};
+      GemvPlan plan = Choose(shape, WeightFormat::kZ12, "sm_90", 132, preferred);
+      EXPECT_EQ(plan.source, "tuned") << shape.ToString();
+      EXPECT_EQ(plan.config.order, preferred) << shape.ToString();
+      EXPECT_EQ(plan.config.nb, LaunchRowsFor(m) <= 24 ? 3 : 4) << shape.ToString();
+      plan = Choose(shape, WeightFormat::kZ12, "sm_90", 132, other);
+      EXPECT_EQ(plan.source, "heuristic") << shape.ToString();
+      EXPECT_EQ(plan.config.order, other) << shape.ToString();
     }
   }
   EXPECT_EQ(PreferredOrder("sm_90", 2048, 5120), WeightOrder::kBlockMajor);

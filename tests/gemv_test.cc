@@ -156,8 +156,7 @@ void CheckDispatcherChoices(const std::vector<std::pair<int64_t, int64_t>>& shap
   }
 }
 
-// m = 24 and 32 too: above the table's rows its group-major shapes run the heuristic's kernels
-// in group-major order.
+// m = 24 and 32 too: the table's rows above 16, in each shape's default order.
 TEST(Gemv, DispatcherChoicesOnTheSuite) {
   GEMVZ_REQUIRE_GPU();
   CheckDispatcherChoices({{4096, 8192},

@@ -40,13 +40,13 @@ TEST(DefaultTableTest, CompilesForSm90WithoutSpillsAndWarmsTheCache) {
     EXPECT_EQ(r.config, configs[i]);
     EXPECT_EQ(r.arch, "sm_90");
     EXPECT_GT(r.registers, 0) << r.config.ToString();
-    // Two group-major kernels spill up to 12 bytes: a table row measured faster than every kernel that
-    // does not (tuned_table.cc: 10240x8192 at m = 16), and the heuristic's choice for that shape
-    // at m = 25..32 (its runtime group stride costs registers). Any other spill, or a larger one,
-    // is a change of the compiler or the sources. (The counts are CUDA 13.0's NVRTC on the CI
-    // machine; the H200 host's gave 8 bytes for the first.)
-    static const std::map<std::string, int> kKnownSpills = {
-        {"z12.nw4.ug4.nb2.pipe5.rb2.gm", 12}, {"z12.nw4.ug2.nb4.pipe0.gm", 12}};
+    // Three kernels spill up to 12 bytes, each a table row measured faster than every kernel
+    // that does not (tuned_table.cc): 10240x8192 at m = 16, 8192x28672 and 4096x4096 at m = 24.
+    // Any other spill, or a larger one, is a change of the compiler or the sources. (The counts
+    // are CUDA 13.0's NVRTC on the CI machine; the H200 host's gave 8 bytes for the first.)
+    static const std::map<std::string, int> kKnownSpills = {{"z12.nw4.ug4.nb2.pipe5.rb2.gm", 12},
+                                                            {"z12.nw7.ug2.nb3.pipe4.rb2.gm", 8},
+                                                            {"z12.nw8.ug2.nb3.pipe4", 12}};
     const auto known = kKnownSpills.find(r.config.KernelName());
     const int allowed = known == kKnownSpills.end() ? 0 : known->second;
     EXPECT_LE(r.spill_bytes, allowed) << r.config.ToString() << " spills " << r.spill_bytes

@@ -1,6 +1,5 @@
 // What the tuner times for a shape (the sweep space) and what warm-up compiles by default.
 #include <algorithm>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,21 +70,12 @@ std::vector<KernelConfig> DefaultWarmupConfigs() {
     c.splits = 1;  // a run-time argument: one compiled kernel serves every S
     if (seen.insert(c.KernelName()).second) out.push_back(c);
   };
+  // The table's rows (m = 17..32 on the suite come from its m = 24 and 32 rows, in each shape's
+  // default order), then the heuristic's choices below them.
   for (const TunedChoice& choice : BuiltinTunedTable()) add(choice.config);
   for (WeightFormat format : {WeightFormat::kZ12, WeightFormat::kBf16}) {
     for (const auto& nk : kSuite) {
       for (int64_t m = 1; m <= 16; ++m) add(HeuristicConfig(GemvShape{m, nk[0], nk[1]}, format));
-    }
-  }
-  // Above the table's 16 rows its group-major shapes take the heuristic's choice, in their order.
-  std::set<std::pair<int64_t, int64_t>> group_major;  // (n, k), in a stable order
-  for (const TunedChoice& choice : BuiltinTunedTable()) {
-    if (choice.config.order == WeightOrder::kGroupMajor) group_major.insert({choice.n, choice.k});
-  }
-  for (const auto& [n, k] : group_major) {
-    for (int64_t m = 17; m <= internal::kMaxTokensPerLaunch; ++m) {
-      add(internal::InOrder(HeuristicConfig(GemvShape{m, n, k}, WeightFormat::kZ12),
-                            WeightOrder::kGroupMajor));
     }
   }
   // Every kernel the heuristic's shaped rule can pick, so that shapes outside the table (a 70B

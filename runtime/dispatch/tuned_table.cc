@@ -1,5 +1,7 @@
 // The tuned table compiled into the library: one configuration per (arch, format, m, n, k) of
-// DESIGN.md's benchmark suite on sm_90, at m = 1, 8, 16.
+// DESIGN.md's benchmark suite on sm_90, at m = 1, 8, 16, and for the 12-bit format in each
+// shape's default order also at m = 24 and 32 (a row serves every m from the row below it, so
+// these cover 17..32 and the chunks of larger m).
 //
 // The rows are plain data so that they can be regenerated from a tuning run. On the H200:
 //   GEMVZ_TUNING_FILE=/tmp/tuning.json gemvz tune --sweep --save --shape NxK --m 1,8,16
@@ -56,6 +58,19 @@
 // the PIPE 5 cap); it ran 2.6 % faster than the fastest kernel without a spill
 // (z12.nw4.ug2.nb2.pipe5.rb2.gm: 31.54-31.60 against 32.39-32.50 us in all three rounds and in
 // the first run), so it is kept against the usual rule.
+// m = 24 and 32 (NB 3 and 4; session 13, 2026-11-30), in each shape's default order: until then
+// the heuristic chose there. Swept over gemvz::SweepSpace's S = 1 configurations of the covering
+// NB (207-342 a shape), one round; then the best four that spill at most 12 bytes against the
+// heuristic's choice in three rounds on the same H200 (group-major shapes; the times are the
+// means), or the whole sweep twice (6144x4096, 4096x4096). Against the heuristic: 4096x8192
+// 12.4 % faster at m = 24 (15.92 against 17.90 us) and the same kernel at 32; 28672x4096 3.6 %
+// and the same; 4096x14336 8.6 and 6.3 %; 10240x8192 the same and 3.3 %; 8192x28672 2.1 % and
+// 14-20 % (98.50 against 112.01 us in the rounds, 89.72 against 107.36 in the sweep);
+// 6144x4096 the same and 2.1 %; 4096x4096 12.6 % (9.63 against 10.84) and 0.5 %. Two rows spill,
+// measured faster than every kernel that does not: 8192x28672 at m = 24 (8 bytes; 2.1 % ahead of
+// the heuristic's z12.nw5.ug2.nb3.pipe4.rb2.gm) and 4096x4096 at m = 24 (12 bytes; 2.3 % ahead of
+// z12.nw7.ug1.nb3.pipe4). Faster kernels that spill 36-100 bytes were passed over (10240x8192
+// m = 24: z12.nw3.ug4.nb3.pipe7.gm, 44 bytes, 36.49 us in the sweep).
 #include <string>
 #include <vector>
 
@@ -78,6 +93,8 @@ constexpr Row kRows[] = {
     {"sm_90", 1, 4096, 8192, "z12.nw16.ug1.nb1.pipe2.gm.s1", 13.60},
     {"sm_90", 8, 4096, 8192, "z12.nw16.ug1.nb1.pipe2.gm.s1", 14.02},
     {"sm_90", 16, 4096, 8192, "z12.nw8.ug4.nb2.pipe4.gm.s1", 14.59},
+    {"sm_90", 24, 4096, 8192, "z12.nw7.ug4.nb3.pipe4.gm.s1", 15.92},
+    {"sm_90", 32, 4096, 8192, "z12.nw8.ug1.nb4.pipe3.gm.s1", 18.20},
     // (block-major: the rows before session 12, with their times)
     {"sm_90", 1, 4096, 8192, "z12.nw16.ug1.nb1.pipe2.s1", 13.49},
     {"sm_90", 8, 4096, 8192, "z12.nw16.ug1.nb1.pipe2.s1", 13.92},
@@ -89,6 +106,8 @@ constexpr Row kRows[] = {
     {"sm_90", 1, 6144, 4096, "z12.nw8.ug2.nb1.pipe3.s1", 10.62},
     {"sm_90", 8, 6144, 4096, "z12.nw8.ug2.nb1.pipe3.s1", 10.86},
     {"sm_90", 16, 6144, 4096, "z12.nw8.ug1.nb2.pipe5.s1", 11.41},
+    {"sm_90", 24, 6144, 4096, "z12.nw4.ug4.nb3.pipe5.s1", 12.39},
+    {"sm_90", 32, 6144, 4096, "z12.nw5.ug1.nb4.pipe3.s1", 14.91},
     {"sm_90", 1, 6144, 4096, "bf16.nw8.ug1.nb1.pipe1.s1", 14.51},
     {"sm_90", 8, 6144, 4096, "bf16.nw8.ug1.nb1.pipe1.s1", 14.85},
     {"sm_90", 16, 6144, 4096, "bf16.nw4.ug2.nb2.pipe1.s1", 15.94},
@@ -96,6 +115,8 @@ constexpr Row kRows[] = {
     {"sm_90", 1, 4096, 4096, "z12.nw16.ug1.nb1.pipe2.s1", 7.92},
     {"sm_90", 8, 4096, 4096, "z12.nw16.ug1.nb1.pipe2.s1", 8.13},
     {"sm_90", 16, 4096, 4096, "z12.nw8.ug4.nb2.pipe4.s1", 8.62},
+    {"sm_90", 24, 4096, 4096, "z12.nw8.ug2.nb3.pipe4.s1", 9.63},
+    {"sm_90", 32, 4096, 4096, "z12.nw8.ug1.nb4.pipe2.s1", 10.71},
     {"sm_90", 1, 4096, 4096, "bf16.nw8.ug2.nb1.pipe2.s1", 10.38},
     {"sm_90", 8, 4096, 4096, "bf16.nw8.ug2.nb1.pipe2.s1", 10.83},
     {"sm_90", 16, 4096, 4096, "bf16.nw8.ug2.nb2.pipe2.s1", 11.72},
@@ -103,6 +124,8 @@ constexpr Row kRows[] = {
     {"sm_90", 1, 28672, 4096, "z12.nw3.ug2.nb1.pipe3.gm.s1", 42.10},
     {"sm_90", 8, 28672, 4096, "z12.nw3.ug1.nb1.pipe3.gm.s1", 42.11},
     {"sm_90", 16, 28672, 4096, "z12.nw3.ug1.nb2.pipe3.rb4.gm.s1", 43.55},
+    {"sm_90", 24, 28672, 4096, "z12.nw5.ug1.nb3.pipe3.rb4.gm.s1", 48.16},
+    {"sm_90", 32, 28672, 4096, "z12.nw4.ug1.nb4.pipe0.rb4.gm.s1", 53.01},
     // (block-major: the rows before session 12, with their times)
     {"sm_90", 1, 28672, 4096, "z12.nw3.ug2.nb1.pipe3.s1", 41.58},
     {"sm_90", 8, 28672, 4096, "z12.nw3.ug2.nb1.pipe3.s1", 42.39},
@@ -114,6 +137,8 @@ constexpr Row kRows[] = {
     {"sm_90", 1, 4096, 14336, "z12.nw16.ug1.nb1.pipe2.gm.s1", 22.18},
     {"sm_90", 8, 4096, 14336, "z12.nw16.ug1.nb1.pipe2.gm.s1", 22.51},
     {"sm_90", 16, 4096, 14336, "z12.nw7.ug4.nb2.pipe4.gm.s1", 24.12},
+    {"sm_90", 24, 4096, 14336, "z12.nw7.ug4.nb3.pipe4.gm.s1", 26.25},
+    {"sm_90", 32, 4096, 14336, "z12.nw7.ug2.nb4.pipe4.gm.s1", 31.76},
     // (block-major: the rows before session 12, with their times)
     {"sm_90", 1, 4096, 14336, "z12.nw16.ug1.nb1.pipe2.s1", 22.03},
     {"sm_90", 8, 4096, 14336, "z12.nw16.ug1.nb1.pipe2.s1", 22.35},
@@ -125,6 +150,8 @@ constexpr Row kRows[] = {
     {"sm_90", 1, 10240, 8192, "z12.nw4.ug2.nb1.pipe7.gm.s1", 30.37},
     {"sm_90", 8, 10240, 8192, "z12.nw7.ug2.nb1.pipe0.gm.s1", 30.56},
     {"sm_90", 16, 10240, 8192, "z12.nw4.ug4.nb2.pipe5.rb2.gm.s1", 31.57},
+    {"sm_90", 24, 10240, 8192, "z12.nw4.ug4.nb3.pipe5.gm.s1", 39.40},
+    {"sm_90", 32, 10240, 8192, "z12.nw4.ug1.nb4.pipe0.rb4.gm.s1", 48.26},
     // (block-major: the rows before session 12, with their times)
     {"sm_90", 1, 10240, 8192, "z12.nw4.ug2.nb1.pipe3.s1", 30.43},
     {"sm_90", 8, 10240, 8192, "z12.nw4.ug2.nb1.pipe3.s1", 30.75},
@@ -136,6 +163,8 @@ constexpr Row kRows[] = {
     {"sm_90", 1, 8192, 28672, "z12.nw7.ug2.nb1.pipe0.gm.s1", 80.63},
     {"sm_90", 8, 8192, 28672, "z12.nw7.ug2.nb1.pipe0.gm.s1", 79.95},
     {"sm_90", 16, 8192, 28672, "z12.nw4.ug4.nb2.pipe3.rb2.gm.s1", 83.00},
+    {"sm_90", 24, 8192, 28672, "z12.nw7.ug2.nb3.pipe4.rb2.gm.s1", 88.62},
+    {"sm_90", 32, 8192, 28672, "z12.nw7.ug2.nb4.pipe0.rb2.gm.s1", 98.50},
     // (block-major: the rows before session 12, with their times)
     {"sm_90", 1, 8192, 28672, "z12.nw3.ug4.nb1.pipe1.s1", 79.33},
     {"sm_90", 8, 8192, 28672, "z12.nw3.ug4.nb1.pipe5.s1", 80.67},
