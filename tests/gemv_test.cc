@@ -554,68 +554,81 @@ TEST(Gemv, ErrorPaths) {
   EXPECT_NE(st.message().find("GEMVZ_FORCE_CONFIG"), std::string::npos) << st;
 }
 
-// Group-major weights (WeightOrder::kGroupMajor): each 12-bit configuration of a broad sweep (400
-// of them drawn afresh each run), split-K and RB 2 and 4 included, on a matrix uploaded
-// group-major gives bitwise the result of
-// the same configuration on the block-major upload (the kernels differ in addresses only, so the
-// sums are the same in the same order), which is right against the reference; PDL launches (the
-// group-major prefetch) too.
+// Group-major weights (WeightOrder::kGroupMajor): each 12-bit configuration of a broad sweep
+// (drawn afresh each run), split-K and RB 2 and 4 included, on a matrix uploaded group-major gives
+// bitwise the result of the same configuration on the block-major upload (the kernels differ in
+// addresses only, so the sums are the same in the same order), which is right against the
+// reference; PDL launches (the group-major prefetch) too. Three shapes, whose row-block counts
+// are the group stride of the group-major address: 256x4096 (16 row blocks, 400 configurations);
+// 192x3072 (12, not a power of two, which RB 2 and 4 and split-K all take; 200); and 208x2752
+// (13, odd, and 43 groups, a prime, so that warps take uneven shares of K; RB 1, UG 1 and S 1
+// only, 100).
 TEST(Gemv, GroupMajorMatchesBlockMajorBitForBit) {
   GEMVZ_REQUIRE_GPU();
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const int64_t n = 256, k = 4096;
-  const std::vector<uint16_t> w = MixedWeights(n, k, seed);
-  const Problem block = Problem::Make(n, k, w, false, {WeightOrder::kBlockMajor});
-  const Problem group = Problem::Make(n, k, w, false, {WeightOrder::kGroupMajor});
-  ASSERT_EQ(block.dm.order(), WeightOrder::kBlockMajor);
-  ASSERT_EQ(group.dm.order(), WeightOrder::kGroupMajor);
-  ASSERT_EQ(group.dm.format(), WeightFormat::kZ12);
-  std::vector<KernelConfig> configs;
-  for (int nw : {1, 2, 3, 4, 7, 8, 16})
-    for (int ug : {1, 2, 4})
-      for (int nb = 1; nb <= 4; ++nb)
-        for (int pipe = 0; pipe <= MaxPipe(WeightFormat::kZ12); ++pipe)
-          for (int s : {1, 2, 4})
-            for (int rb = 1; rb <= 4; rb *= 2) {
-              const KernelConfig c{WeightFormat::kZ12, nw, ug, nb, pipe, s, rb};
-              if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
-            }
-  // A fresh sample of the space each run (all of it would be ~1000 more kernels to compile).
-  std::mt19937 rng(static_cast<uint32_t>(seed));
-  std::shuffle(configs.begin(), configs.end(), rng);
-  configs.resize(std::min<size_t>(configs.size(), 400));
-  std::vector<KernelConfig> both;
-  for (const KernelConfig& c : configs) {
-    both.push_back(c);
-    both.push_back(internal::InOrder(c, WeightOrder::kGroupMajor));
-  }
   auto arch = internal::DeviceArch(0);
   ASSERT_TRUE(arch.ok());
-  ASSERT_TRUE(PrecompileAll(internal::DistinctKernels(both), *arch, 0).ok());
-  DeviceBuffer dx(static_cast<size_t>(32 * k * 2)), d1(static_cast<size_t>(32 * n * 2)),
-      d2(static_cast<size_t>(32 * n * 2));
-  int tested = 0;
-  for (const KernelConfig& c : configs) {
-    const int64_t m = 1 + static_cast<int64_t>(rng() % (8 * c.nb));
-    const std::vector<uint16_t> x = testing::RandomActivations(m, k, seed + tested);
-    dx.Upload(x.data(), x.size() * 2);
-    const KernelConfig g = internal::InOrder(c, WeightOrder::kGroupMajor);
-    GemvOptions gopt{g};
-    if (tested % 4 == 0) gopt.pdl = Pdl::kAlways;  // the group-major prefetch
-    d1.Fill16(kPoison);
-    d2.Fill16(kPoison);
-    ASSERT_TRUE(Gemv(block.dm, dx.as<uint16_t>(), m, d1.as<uint16_t>(), nullptr, {c}).ok());
-    const absl::Status st = Gemv(group.dm, dx.as<uint16_t>(), m, d2.as<uint16_t>(), nullptr, gopt);
-    ASSERT_TRUE(st.ok()) << g.ToString() << ": " << st;
-    std::vector<uint16_t> a(static_cast<size_t>(m * n)), b(a.size());
-    d1.Download(a.data(), a.size() * 2);
-    d2.Download(b.data(), b.size() * 2);
-    EXPECT_EQ(a, b) << g.ToString() << " m=" << m;
-    if (tested % 8 == 0) EXPECT_EQ(group.Check(m, gopt, seed + tested, &x), "") << g.ToString();
-    ++tested;
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  struct Case {
+    int64_t n, k;
+    size_t sample;
+  };
+  for (const Case& shape : {Case{256, 4096, 400}, Case{192, 3072, 200}, Case{208, 2752, 100}}) {
+    const int64_t n = shape.n, k = shape.k;
+    SCOPED_TRACE(::testing::Message() << n << "x" << k);
+    const std::vector<uint16_t> w = MixedWeights(n, k, seed + n);
+    const Problem block = Problem::Make(n, k, w, false, {WeightOrder::kBlockMajor});
+    const Problem group = Problem::Make(n, k, w, false, {WeightOrder::kGroupMajor});
+    ASSERT_EQ(block.dm.order(), WeightOrder::kBlockMajor);
+    ASSERT_EQ(group.dm.order(), WeightOrder::kGroupMajor);
+    ASSERT_EQ(group.dm.format(), WeightFormat::kZ12);
+    std::vector<KernelConfig> configs;
+    for (int nw : {1, 2, 3, 4, 7, 8, 16})
+      for (int ug : {1, 2, 4})
+        for (int nb = 1; nb <= 4; ++nb)
+          for (int pipe = 0; pipe <= MaxPipe(WeightFormat::kZ12); ++pipe)
+            for (int s : {1, 2, 4})
+              for (int rb = 1; rb <= 4; rb *= 2) {
+                const KernelConfig c{WeightFormat::kZ12, nw, ug, nb, pipe, s, rb};
+                if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
+              }
+    // A fresh sample of the space each run (all of it would be ~1000 more kernels to compile).
+    std::shuffle(configs.begin(), configs.end(), rng);
+    configs.resize(std::min(configs.size(), shape.sample));
+    std::vector<KernelConfig> both;
+    for (const KernelConfig& c : configs) {
+      both.push_back(c);
+      both.push_back(internal::InOrder(c, WeightOrder::kGroupMajor));
+    }
+    ASSERT_TRUE(PrecompileAll(internal::DistinctKernels(both), *arch, 0).ok());
+    DeviceBuffer dx(static_cast<size_t>(32 * k * 2)), d1(static_cast<size_t>(32 * n * 2)),
+        d2(static_cast<size_t>(32 * n * 2));
+    int tested = 0;
+    for (const KernelConfig& c : configs) {
+      const int64_t m = 1 + static_cast<int64_t>(rng() % (8 * c.nb));
+      const std::vector<uint16_t> x = testing::RandomActivations(m, k, seed + tested);
+      dx.Upload(x.data(), x.size() * 2);
+      const KernelConfig g = internal::InOrder(c, WeightOrder::kGroupMajor);
+      GemvOptions gopt{g};
+      if (tested % 4 == 0) gopt.pdl = Pdl::kAlways;  // the group-major prefetch
+      d1.Fill16(kPoison);
+      d2.Fill16(kPoison);
+      ASSERT_TRUE(Gemv(block.dm, dx.as<uint16_t>(), m, d1.as<uint16_t>(), nullptr, {c}).ok());
+      const absl::Status st =
+          Gemv(group.dm, dx.as<uint16_t>(), m, d2.as<uint16_t>(), nullptr, gopt);
+      ASSERT_TRUE(st.ok()) << g.ToString() << ": " << st;
+      std::vector<uint16_t> a(static_cast<size_t>(m * n)), b(a.size());
+      d1.Download(a.data(), a.size() * 2);
+      d2.Download(b.data(), b.size() * 2);
+      EXPECT_EQ(a, b) << g.ToString() << " m=" << m;
+      if (tested % 8 == 0) EXPECT_EQ(group.Check(m, gopt, seed + tested, &x), "") << g.ToString();
+      ++tested;
+    }
+    EXPECT_EQ(tested, static_cast<int>(shape.sample));
+    std::printf("[ info ] %lldx%lld: %d configurations in both orders\n", static_cast<long long>(n),
+                static_cast<long long>(k), tested);
   }
-  std::printf("[ info ] %d configurations in both orders\n", tested);
 }
 
 // The order a matrix is uploaded in: asked (UploadOptions), else GEMVZ_WEIGHT_ORDER, else the
