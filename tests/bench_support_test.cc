@@ -432,6 +432,9 @@ BenchCase FakeCase(const MatrixShape& shape, int64_t m, double z12_us, double pl
   c.plain = {plain_us, 2 * shape.n * shape.k + io, 0.03, true};
   c.cublas = {cublas_us, 2 * shape.n * shape.k + io, 0.04, true};
   c.probe = {probe_us, 2 * shape.n * shape.k, -1, false};
+  // The probe over z12's weight bytes: three quarters of the BF16 bytes, with the same fixed cost
+  // as a quarter of its time (so slower than three quarters of the probe's time).
+  c.probe_z12 = {probe_us * (0.25 + 0.75 * 0.75), shape.n * shape.k * 3 / 2, -1, false};
   c.pair_check_ok = true;
   return c;
 }
@@ -445,6 +448,11 @@ TEST(BenchCase, DerivedNumbers) {
   EXPECT_DOUBLE_EQ(c.CeilingTbps(), c.probe.TeraBytesPerSecond());
   EXPECT_DOUBLE_EQ(c.PercentOfCeiling(c.z12),
                    100.0 * c.z12.TeraBytesPerSecond() / c.probe.TeraBytesPerSecond());
+  EXPECT_DOUBLE_EQ(c.BoundVsCublas(), 18.0 / (15.0 * 0.8125));
+  EXPECT_DOUBLE_EQ(c.PercentOfBound(), 100.0 * 15.0 * 0.8125 / 12.0);
+  BenchCase plain_kept = c;
+  plain_kept.probe_z12 = {};
+  EXPECT_EQ(plain_kept.BoundVsCublas(), 0.0);  // no bound where the matrix was kept plain
   EXPECT_TRUE(c.ok());
   BenchCase wrong = c;
   wrong.pair_check_ok = false;
@@ -479,7 +487,17 @@ TEST(GeoMeans, OfSpeedupsAndCeilingShares) {
               std::sqrt(cases[0].PercentOfCeiling(cases[0].z12) *
                         cases[1].PercentOfCeiling(cases[1].z12)),
               1e-9);
+  EXPECT_EQ(g.bound_count, 2);
+  EXPECT_NEAR(g.bound_vs_cublas, std::sqrt(40 / 8.125 * 2.5 / 8.125), 1e-12);
+  EXPECT_NEAR(g.pct_bound_z12, 81.25, 1e-9);
   EXPECT_EQ(ComputeGeoMeans({}).count, 0);
+  // Only the cases with a bound count towards its means.
+  std::vector<BenchCase> one_kept_plain = cases;
+  one_kept_plain[1].probe_z12 = {};
+  const GeoMeans h = ComputeGeoMeans(one_kept_plain);
+  EXPECT_EQ(h.count, 2);
+  EXPECT_EQ(h.bound_count, 1);
+  EXPECT_NEAR(h.bound_vs_cublas, 40 / 8.125, 1e-12);
 }
 
 TEST(FormatBenchTable, HasEveryCaseAndTheMeans) {
@@ -491,6 +509,10 @@ TEST(FormatBenchTable, HasEveryCaseAndTheMeans) {
   EXPECT_NE(table.find("z12.nw8.ug2.nb1.pipe3.s1 (tuned)"), std::string::npos) << table;
   EXPECT_NE(table.find("1.400x"), std::string::npos) << table;  // 14 / 10
   EXPECT_NE(table.find("geometric mean over 2 cases"), std::string::npos) << table;
+  EXPECT_NE(table.find(absl::StrFormat("would be %.3fx over cuBLAS BF16",
+                                       ComputeGeoMeans(cases).bound_vs_cublas)),
+            std::string::npos)
+      << table;
   BenchCase wrong = cases[0];
   wrong.z12.check_ok = false;
   EXPECT_NE(FormatBenchTable({wrong}).find("WRONG"), std::string::npos);
@@ -548,14 +570,15 @@ TEST(BenchReportToJson, FollowsTheDocumentedSchema) {
     EXPECT_EQ(j["rotation"]["copies_bf16"], 8);
     EXPECT_EQ(j["rotation"]["launches_z12"], 66);
     EXPECT_EQ(j["rotation"]["launches_bf16"], 64);
-    for (const char* path : {"z12", "plain", "cublas", "probe"}) {
+    for (const char* path : {"z12", "plain", "cublas", "probe", "probe_z12"}) {
       const nlohmann::json& p = j["paths"][path];
       ASSERT_TRUE(p.is_object()) << path;
       for (const char* field : {"time_us", "bytes", "tbps", "pct_of_ceiling"}) {
         EXPECT_TRUE(p[field].is_number()) << path << "." << field;
       }
-      EXPECT_EQ(p.contains("check_ok"), std::string(path) != "probe") << path;
-      EXPECT_EQ(p.contains("max_err_ratio"), std::string(path) != "probe") << path;
+      const bool probe = std::string(path).rfind("probe", 0) == 0;
+      EXPECT_EQ(p.contains("check_ok"), !probe) << path;
+      EXPECT_EQ(p.contains("max_err_ratio"), !probe) << path;
     }
     EXPECT_DOUBLE_EQ(j["paths"]["z12"]["time_us"].get<double>(), c.z12.time_us);
     EXPECT_EQ(j["paths"]["z12"]["bytes"], c.z12.bytes);
@@ -566,14 +589,19 @@ TEST(BenchReportToJson, FollowsTheDocumentedSchema) {
     EXPECT_DOUBLE_EQ(j["ceiling_tbps"].get<double>(), c.CeilingTbps());
     EXPECT_DOUBLE_EQ(j["speedup_vs_cublas"].get<double>(), c.SpeedupVsCublas());
     EXPECT_DOUBLE_EQ(j["speedup_vs_plain"].get<double>(), c.SpeedupVsPlain());
+    EXPECT_DOUBLE_EQ(j["paths"]["probe_z12"]["time_us"].get<double>(), c.probe_z12.time_us);
+    EXPECT_EQ(j["paths"]["probe_z12"]["bytes"], c.probe_z12.bytes);
+    EXPECT_DOUBLE_EQ(j["bound_vs_cublas"].get<double>(), c.BoundVsCublas());
+    EXPECT_DOUBLE_EQ(j["pct_of_bound"].get<double>(), c.PercentOfBound());
     EXPECT_EQ(j["pair_check_ok"], true);
     EXPECT_EQ(j["ok"], true);
   }
   EXPECT_EQ(doc["geomean"]["count"], 2);
   EXPECT_DOUBLE_EQ(doc["geomean"]["speedup_vs_cublas"].get<double>(),
                    ComputeGeoMeans(report.cases).speedup_vs_cublas);
+  EXPECT_EQ(doc["geomean"]["bound_count"], 2);
   for (const char* field : {"speedup_vs_plain", "pct_ceiling_z12", "pct_ceiling_plain",
-                            "pct_ceiling_cublas"}) {
+                            "pct_ceiling_cublas", "bound_vs_cublas", "pct_bound_z12"}) {
     EXPECT_TRUE(doc["geomean"][field].is_number()) << field;
   }
   EXPECT_EQ(doc["ok"], true);

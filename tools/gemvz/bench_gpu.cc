@@ -548,6 +548,21 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
                         [&](int c) { return tools.probe->Launch((*raw)[c].ptr(), bf16_bytes, stream); },
                         &probe_launches));
 
+  // The streaming bound: the same probe over as many bytes as the 12-bit weights take.
+  const DeviceMatrix& z_first = (*z)[0];
+  const bool packed = z_first.format() == WeightFormat::kZ12;
+  const int64_t z12_weight_bytes = std::min(z_first.weight_bytes(), bf16_bytes);
+  double probe_z12_us = 0;
+  if (packed) {
+    int bound_launches = 0;
+    ASSIGN_OR_RETURN(
+        probe_z12_us,
+        work->TimeRotated(
+            static_cast<int>(raw->size()), tools.timing,
+            [&](int c) { return tools.probe->Launch((*raw)[c].ptr(), z12_weight_bytes, stream); },
+            &bound_launches));
+  }
+
   std::vector<BenchCase> cases;
   for (const int64_t m : ms) {
     BenchCase c;
@@ -590,6 +605,9 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
     c.cublas = {blas_us, bf16_bytes + io_bytes, blas_check.max_ratio, blas_check.ok()};
 
     c.probe = {probe_us, BandwidthProbe::BytesRead(bf16_bytes), -1, false};
+    if (packed) {
+      c.probe_z12 = {probe_z12_us, BandwidthProbe::BytesRead(z12_weight_bytes), -1, false};
+    }
 
     const ErrorCheck z_vs_blas = CheckPair(zr.result.data(), blas_result.data(), m, work->reference());
     const ErrorCheck p_vs_blas = CheckPair(pr.result.data(), blas_result.data(), m, work->reference());

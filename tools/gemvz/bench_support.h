@@ -118,12 +118,18 @@ struct BenchCase {
   int launches_z12 = 0;       // launches per timed replay: a multiple of the path's copies
   int launches_bf16 = 0;
   TimedPath z12, plain, cublas, probe;  // probe.bytes: the buffer it streams (2 N K)
+  // The streaming bound: the same probe over as many bytes as the 12-bit weights take (a prefix
+  // of the same copies), so with its own launch, ramp and tail. A 12-bit kernel that streams no
+  // faster than the probe takes at least this long. Untimed (0) when the matrix was kept plain.
+  TimedPath probe_z12;
   bool pair_check_ok = false;  // the three GEMVs agree with each other (2 * tol)
 
   double CeilingTbps() const { return probe.TeraBytesPerSecond(); }
   double PercentOfCeiling(const TimedPath& path) const;
   double SpeedupVsCublas() const;  // cublas time / z12 time
   double SpeedupVsPlain() const;   // plain time / z12 time
+  double BoundVsCublas() const;    // cublas time / probe_z12 time: the most z12 could gain
+  double PercentOfBound() const;   // 100 * probe_z12 time / z12 time
   bool ok() const;                 // every check passed
 };
 
@@ -134,6 +140,9 @@ struct GeoMeans {
   double pct_ceiling_z12 = 0;
   double pct_ceiling_plain = 0;
   double pct_ceiling_cublas = 0;
+  int bound_count = 0;         // the cases with a streaming bound (probe_z12 timed)
+  double bound_vs_cublas = 0;  // over those cases
+  double pct_bound_z12 = 0;
 };
 GeoMeans ComputeGeoMeans(const std::vector<BenchCase>& cases);
 
