@@ -337,6 +337,8 @@ TEST_F(CliTest, TuneSpaceFileSkipsBadLinesAndInvalidConfigurations) {
   EXPECT_EQ(res["shape"]["n"], 4096);
   ASSERT_EQ(res["candidates"].size(), 2u);
   EXPECT_TRUE(res["candidates"][0]["check_ok"].get<bool>());
+  EXPECT_GT(res["candidates"][0]["time_us"].get<double>(), 0);
+  EXPECT_GT(res["dispatcher"]["time_us"].get<double>(), 0);  // timed in turn with it
   EXPECT_TRUE(res["candidates"][1].contains("invalid"));
   EXPECT_TRUE(res["winner"].is_object());
 }
@@ -411,9 +413,13 @@ TEST_F(CliTest, BenchNeedsAGpuOrWritesTheDocumentedJson) {
   EXPECT_FALSE(doc["gpu"]["name"].get<std::string>().empty());
   ASSERT_EQ(doc["cases"].size(), 2u);
   for (const nlohmann::json& c : doc["cases"]) {
-    for (const char* path : {"z12", "plain", "cublas", "probe"}) {
+    for (const char* path : {"z12", "plain", "cublas", "probe", "probe_z12"}) {
       EXPECT_GT(c["paths"][path]["time_us"].get<double>(), 0) << path;
     }
+    // The bound's probe reads the packed weights' bytes: fewer than the BF16 probe's.
+    EXPECT_LT(c["paths"]["probe_z12"]["bytes"].get<int64_t>(),
+              c["paths"]["probe"]["bytes"].get<int64_t>());
+    EXPECT_GT(c["bound_vs_cublas"].get<double>(), 0);
     EXPECT_TRUE(c["ok"].get<bool>());
   }
   EXPECT_TRUE(doc["ok"].get<bool>());

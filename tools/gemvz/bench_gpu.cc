@@ -150,20 +150,26 @@ absl::Status GpuSession::Synchronize() const {
 
 // --- Graph timing ------------------------------------------------------------------------------
 
-absl::StatusOr<double> TimeGraphMicros(CUstream stream, int launches, const TimingOptions& options,
-                                       const std::function<absl::Status(int)>& enqueue) {
-  if (launches < 1 || options.replays < 1 || options.warmup_replays < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("graph timing needs launches >= 1 (", launches,
-                                                   ") and replays >= 1 (", options.replays, ")"));
+GraphTimer::~GraphTimer() {
+  absl::StatusOr<const internal::DriverApi*> drv = internal::Driver();
+  if (!drv.ok()) return;
+  for (CUgraphExec exec : execs_) (*drv)->cuGraphExecDestroy(exec);
+}
+
+absl::StatusOr<int> GraphTimer::Capture(int launches,
+                                        const std::function<absl::Status(int)>& enqueue) {
+  if (launches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("graph timing needs launches >= 1 (", launches, ")"));
   }
   ASSIGN_OR_RETURN(const internal::DriverApi* drv, internal::Driver());
   // Thread-local capture: a call that would allocate or synchronise inside the graph fails here
   // instead of being timed wrongly.
-  CU_RETURN_IF_ERROR(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  CU_RETURN_IF_ERROR(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
   absl::Status enqueued = absl::OkStatus();
   for (int i = 0; i < launches && enqueued.ok(); ++i) enqueued = enqueue(i);
   CUgraph graph = nullptr;
-  const CUresult ended = drv->cuStreamEndCapture(stream, &graph);
+  const CUresult ended = drv->cuStreamEndCapture(stream_, &graph);
   if (!enqueued.ok()) {
     if (graph != nullptr) drv->cuGraphDestroy(graph);
     return absl::Status(enqueued.code(),
@@ -178,31 +184,47 @@ absl::StatusOr<double> TimeGraphMicros(CUstream stream, int launches, const Timi
   if (instantiated != CUDA_SUCCESS) {
     return internal::CuResultToStatus(instantiated, "cuGraphInstantiate", __FILE__, __LINE__);
   }
+  execs_.push_back(exec);
+  launches_.push_back(launches);
+  return static_cast<int>(execs_.size()) - 1;
+}
+
+absl::StatusOr<std::vector<double>> GraphTimer::MedianMicros(const TimingOptions& options) {
+  if (options.replays < 1 || options.warmup_replays < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("graph timing needs replays >= 1 (", options.replays, ") and warm-up >= 0"));
+  }
+  ASSIGN_OR_RETURN(const internal::DriverApi* drv, internal::Driver());
   CUevent start = nullptr, stop = nullptr;
   absl::Cleanup release = [&] {
     if (start != nullptr) drv->cuEventDestroy(start);
     if (stop != nullptr) drv->cuEventDestroy(stop);
-    drv->cuGraphExecDestroy(exec);
   };
   CU_RETURN_IF_ERROR(cuEventCreate(&start, CU_EVENT_DEFAULT));
   CU_RETURN_IF_ERROR(cuEventCreate(&stop, CU_EVENT_DEFAULT));
-  for (int w = 0; w < options.warmup_replays; ++w) CU_RETURN_IF_ERROR(cuGraphLaunch(exec, stream));
-  CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));
-  std::vector<double> per_launch_us;
-  per_launch_us.reserve(options.replays);
-  for (int r = 0; r < options.replays; ++r) {
-    CU_RETURN_IF_ERROR(cuEventRecord(start, stream));
-    CU_RETURN_IF_ERROR(cuGraphLaunch(exec, stream));
-    CU_RETURN_IF_ERROR(cuEventRecord(stop, stream));
-    CU_RETURN_IF_ERROR(cuEventSynchronize(stop));
-    float ms = 0;
-    CU_RETURN_IF_ERROR(cuEventElapsedTime(&ms, start, stop));
-    per_launch_us.push_back(static_cast<double>(ms) * 1000.0 / launches);
+  for (int w = 0; w < options.warmup_replays; ++w) {
+    for (CUgraphExec exec : execs_) CU_RETURN_IF_ERROR(cuGraphLaunch(exec, stream_));
   }
-  std::sort(per_launch_us.begin(), per_launch_us.end());
-  const size_t h = per_launch_us.size() / 2;
-  return per_launch_us.size() % 2 == 1 ? per_launch_us[h]
-                                        : 0.5 * (per_launch_us[h - 1] + per_launch_us[h]);
+  CU_RETURN_IF_ERROR(cuStreamSynchronize(stream_));
+  std::vector<std::vector<double>> per_launch_us(execs_.size());
+  for (int r = 0; r < options.replays; ++r) {
+    for (size_t g = 0; g < execs_.size(); ++g) {
+      CU_RETURN_IF_ERROR(cuEventRecord(start, stream_));
+      CU_RETURN_IF_ERROR(cuGraphLaunch(execs_[g], stream_));
+      CU_RETURN_IF_ERROR(cuEventRecord(stop, stream_));
+      CU_RETURN_IF_ERROR(cuEventSynchronize(stop));
+      float ms = 0;
+      CU_RETURN_IF_ERROR(cuEventElapsedTime(&ms, start, stop));
+      per_launch_us[g].push_back(static_cast<double>(ms) * 1000.0 / launches_[g]);
+    }
+  }
+  std::vector<double> medians;
+  for (std::vector<double>& t : per_launch_us) {
+    std::sort(t.begin(), t.end());
+    const size_t h = t.size() / 2;
+    medians.push_back(t.size() % 2 == 1 ? t[h] : 0.5 * (t[h - 1] + t[h]));
+  }
+  return medians;
 }
 
 // --- cuBLAS ------------------------------------------------------------------------------------
@@ -480,26 +502,46 @@ absl::StatusOr<ErrorCheck> ShapeWorkload::RunAndCheck(int64_t m,
   return CheckAgainstReference(result->data(), m, reference_);
 }
 
-absl::StatusOr<double> ShapeWorkload::TimeRotated(int copies, const TimingOptions& timing,
+absl::StatusOr<int> ShapeWorkload::CaptureRotated(GraphTimer* timer, int copies,
+                                                  const TimingOptions& timing,
                                                   const std::function<absl::Status(int)>& call,
                                                   int* launches) {
   copies = std::max(1, copies);
   const int rounds = std::max(1, (timing.min_launches + copies - 1) / copies);
   *launches = rounds * copies;
-  return TimeGraphMicros(session_->stream(), *launches, timing,
-                         [&](int i) { return call(i % copies); });
+  return timer->Capture(*launches, [&](int i) { return call(i % copies); });
 }
 
-absl::StatusOr<ShapeWorkload::GemvRun> ShapeWorkload::CheckAndTimeGemv(
+namespace {
+// The mode is always explicit here, so GEMVZ_PDL cannot change what the report says (--pdl).
+GemvOptions TimedOptions(const GemvOptions& options, bool pdl) {
+  GemvOptions opts = options;
+  if (!opts.pdl) opts.pdl = pdl ? Pdl::kAuto : Pdl::kOff;
+  return opts;
+}
+}  // namespace
+
+absl::StatusOr<int> ShapeWorkload::CaptureGemv(GraphTimer* timer,
+                                               const std::vector<DeviceMatrix>& copies, int64_t m,
+                                               const GemvOptions& options,
+                                               const TimingOptions& timing, GemvRun* run) {
+  const GemvOptions opts = TimedOptions(options, timing.pdl);
+  const uint16_t* x = x_.bf16();
+  uint16_t* out = out_.bf16();
+  CUstream stream = session_->stream();
+  return CaptureRotated(
+      timer, static_cast<int>(copies.size()), timing,
+      [&](int c) { return Gemv(copies[c], x, m, out, stream, opts); }, &run->launches);
+}
+
+absl::StatusOr<ShapeWorkload::GemvRun> ShapeWorkload::CheckGemv(
     const std::vector<DeviceMatrix>& copies, int64_t m, const GemvOptions& options,
     const TimingOptions& timing) {
   GemvRun run;
   const uint16_t* x = x_.bf16();
   uint16_t* out = out_.bf16();
   CUstream stream = session_->stream();
-  GemvOptions opts = options;
-  // The mode is always explicit here, so GEMVZ_PDL cannot change what the report says (--pdl).
-  if (!opts.pdl) opts.pdl = timing.pdl ? Pdl::kAuto : Pdl::kOff;
+  const GemvOptions opts = TimedOptions(options, timing.pdl);
   auto gemv_on = [&](int c) { return Gemv(copies[c], x, m, out, stream, opts); };
   ASSIGN_OR_RETURN(run.check, RunAndCheck(m, [&] { return gemv_on(0); }, &run.result));
   if (copies.size() > 1 && run.check.ok()) {
@@ -516,8 +558,6 @@ absl::StatusOr<ShapeWorkload::GemvRun> ShapeWorkload::CheckAndTimeGemv(
       ++run.check.failures;
     }
   }
-  ASSIGN_OR_RETURN(run.time_us,
-                   TimeRotated(static_cast<int>(copies.size()), timing, gemv_on, &run.launches));
   return run;
 }
 
@@ -539,36 +579,18 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
   ASSIGN_OR_RETURN(const std::vector<DeviceMatrix>* p, work->Plain());
   ASSIGN_OR_RETURN(const std::vector<DeviceBuffer>* raw, work->Raw());
 
-  // The ceiling, once per shape, on the very buffers cuBLAS reads.
   const int64_t bf16_bytes = 2 * n * k;
-  int probe_launches = 0;
-  ASSIGN_OR_RETURN(
-      const double probe_us,
-      work->TimeRotated(static_cast<int>(raw->size()), tools.timing,
-                        [&](int c) { return tools.probe->Launch((*raw)[c].ptr(), bf16_bytes, stream); },
-                        &probe_launches));
-
-  // The streaming bound: the same probe over as many bytes as the 12-bit weights take.
-  const DeviceMatrix& z_first = (*z)[0];
-  const bool packed = z_first.format() == WeightFormat::kZ12;
-  const int64_t z12_weight_bytes = std::min(z_first.weight_bytes(), bf16_bytes);
-  double probe_z12_us = 0;
-  if (packed) {
-    int bound_launches = 0;
-    ASSIGN_OR_RETURN(
-        probe_z12_us,
-        work->TimeRotated(
-            static_cast<int>(raw->size()), tools.timing,
-            [&](int c) { return tools.probe->Launch((*raw)[c].ptr(), z12_weight_bytes, stream); },
-            &bound_launches));
-  }
+  // The streaming bound: the probe over as many bytes as the 12-bit weights take.
+  const DeviceMatrix& z0 = (*z)[0];
+  const bool packed = z0.format() == WeightFormat::kZ12;
+  const int64_t z12_weight_bytes = std::min(z0.weight_bytes(), bf16_bytes);
+  const int raw_copies = static_cast<int>(raw->size());
 
   std::vector<BenchCase> cases;
   for (const int64_t m : ms) {
     BenchCase c;
     c.shape = shape;
     c.m = m;
-    const DeviceMatrix& z0 = (*z)[0];
     ASSIGN_OR_RETURN(GemvPlan plan, PlanGemv(z0, m));
     c.config = plan.config.ToString();
     c.config_source = plan.source;
@@ -580,33 +602,49 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
     c.copies_bf16 = static_cast<int>(p->size());
     const int64_t io_bytes = ActivationBytes(m, shape);
 
-    Progress(absl::StrFormat("[bench] %s m=%d: z12 (%s, %s)", label, m, c.config,
-                             c.config_source));
-    ASSIGN_OR_RETURN(ShapeWorkload::GemvRun zr, work->CheckAndTimeGemv(*z, m, {}, tools.timing));
-    c.z12 = {zr.time_us, z0.weight_bytes() + io_bytes, zr.check.max_ratio, zr.check.ok()};
-    c.launches_z12 = zr.launches;
-
-    Progress(absl::StrFormat("[bench] %s m=%d: plain BF16 (%s)", label, m, c.plain_config));
-    ASSIGN_OR_RETURN(ShapeWorkload::GemvRun pr, work->CheckAndTimeGemv(*p, m, {}, tools.timing));
-    c.plain = {pr.time_us, (*p)[0].weight_bytes() + io_bytes, pr.check.max_ratio, pr.check.ok()};
-    c.launches_bf16 = pr.launches;
-
-    Progress(absl::StrFormat("[bench] %s m=%d: cuBLAS BF16", label, m));
+    // Every path is checked first, then all are timed together (GraphTimer): z12, plain,
+    // cuBLAS, and the probe over the BF16 bytes (the ceiling, on the very buffers cuBLAS reads)
+    // and over the 12-bit weights' bytes (the streaming bound), replay by replay in turn.
+    Progress(absl::StrFormat("[bench] %s m=%d: checking z12 (%s, %s), plain BF16 (%s), cuBLAS",
+                             label, m, c.config, c.config_source, c.plain_config));
+    ASSIGN_OR_RETURN(ShapeWorkload::GemvRun zr, work->CheckGemv(*z, m, {}, tools.timing));
+    ASSIGN_OR_RETURN(ShapeWorkload::GemvRun pr, work->CheckGemv(*p, m, {}, tools.timing));
     auto blas_on = [&](int copy) {
       return tools.cublas->GemmBf16((*raw)[copy].ptr(), work->x(), work->out(), m, n, k);
     };
     std::vector<uint16_t> blas_result;
-    ASSIGN_OR_RETURN(ErrorCheck blas_check,
-                     work->RunAndCheck(m, [&] { return blas_on(0); }, &blas_result));
-    int blas_launches = 0;
-    ASSIGN_OR_RETURN(const double blas_us,
-                     work->TimeRotated(static_cast<int>(raw->size()), tools.timing, blas_on,
-                                       &blas_launches));
-    c.cublas = {blas_us, bf16_bytes + io_bytes, blas_check.max_ratio, blas_check.ok()};
+    ASSIGN_OR_RETURN(ErrorCheck blas_check, work->RunAndCheck(
+                                                m, [&] { return blas_on(0); }, &blas_result));
 
-    c.probe = {probe_us, BandwidthProbe::BytesRead(bf16_bytes), -1, false};
+    Progress(absl::StrFormat("[bench] %s m=%d: timing the paths in turn", label, m));
+    GraphTimer timer(stream);
+    int blas_launches = 0, probe_launches = 0, bound_launches = 0;
+    RETURN_IF_ERROR(work->CaptureGemv(&timer, *z, m, {}, tools.timing, &zr).status());
+    RETURN_IF_ERROR(work->CaptureGemv(&timer, *p, m, {}, tools.timing, &pr).status());
+    RETURN_IF_ERROR(
+        work->CaptureRotated(&timer, raw_copies, tools.timing, blas_on, &blas_launches).status());
+    auto probe_over = [&](int64_t bytes) {
+      return
+          [&, bytes](int copy) { return tools.probe->Launch((*raw)[copy].ptr(), bytes, stream); };
+    };
+    RETURN_IF_ERROR(work->CaptureRotated(&timer, raw_copies, tools.timing, probe_over(bf16_bytes),
+                                         &probe_launches)
+                        .status());
     if (packed) {
-      c.probe_z12 = {probe_z12_us, BandwidthProbe::BytesRead(z12_weight_bytes), -1, false};
+      RETURN_IF_ERROR(work->CaptureRotated(&timer, raw_copies, tools.timing,
+                                           probe_over(z12_weight_bytes), &bound_launches)
+                          .status());
+    }
+    ASSIGN_OR_RETURN(const std::vector<double> us, timer.MedianMicros(tools.timing));
+
+    c.z12 = {us[0], z0.weight_bytes() + io_bytes, zr.check.max_ratio, zr.check.ok()};
+    c.launches_z12 = zr.launches;
+    c.plain = {us[1], (*p)[0].weight_bytes() + io_bytes, pr.check.max_ratio, pr.check.ok()};
+    c.launches_bf16 = pr.launches;
+    c.cublas = {us[2], bf16_bytes + io_bytes, blas_check.max_ratio, blas_check.ok()};
+    c.probe = {us[3], BandwidthProbe::BytesRead(bf16_bytes), -1, false};
+    if (packed) {
+      c.probe_z12 = {us[4], BandwidthProbe::BytesRead(z12_weight_bytes), -1, false};
     }
 
     const ErrorCheck z_vs_blas = CheckPair(zr.result.data(), blas_result.data(), m, work->reference());
@@ -709,14 +747,22 @@ absl::StatusOr<std::vector<SequenceCase>> BenchSequence(const BenchTools& tools,
     c.launches = passes * count;
     double* times[5] = {&c.z12_us, &c.z12_pdl_us, &c.plain_us, &c.plain_pdl_us, &c.cublas_us};
     const char* names[5] = {"z12", "z12 PDL", "plain", "plain PDL", "cuBLAS"};
+    // The five paths timed together, replay by replay in turn (GraphTimer).
+    GraphTimer timer(stream);
     for (int path = 0; path < 5; ++path) {
-      Progress(absl::StrFormat("[sequence] m=%d: %s", m, names[path]));
-      ASSIGN_OR_RETURN(const double per_launch,
-                       TimeGraphMicros(stream, c.launches, tools.timing, [&](int l) {
-                         const int i = l % count;
-                         return call(path, i, (l / count) % copies(path, i));
-                       }));
-      *times[path] = per_launch * count;  // one pass over the sequence
+      Progress(absl::StrFormat("[sequence] m=%d: capturing %s", m, names[path]));
+      RETURN_IF_ERROR(timer
+                          .Capture(c.launches,
+                                   [&](int l) {
+                                     const int i = l % count;
+                                     return call(path, i, (l / count) % copies(path, i));
+                                   })
+                          .status());
+    }
+    Progress(absl::StrFormat("[sequence] m=%d: timing the paths in turn", m));
+    ASSIGN_OR_RETURN(const std::vector<double> per_launch, timer.MedianMicros(tools.timing));
+    for (int path = 0; path < 5; ++path) {
+      *times[path] = per_launch[path] * count;  // one pass over the sequence
     }
     cases.push_back(c);
   }

@@ -87,11 +87,29 @@ struct TimingOptions {
   bool pdl = false;        // the library's GEMVs launch with Pdl::kAuto (--pdl)
 };
 
-// Captures enqueue(0) .. enqueue(launches - 1) on `stream` into one CUDA graph, replays it
-// warmup + replays times, times each replay with events and returns the median time of one
-// launch in microseconds. enqueue must only enqueue work (it runs during stream capture).
-absl::StatusOr<double> TimeGraphMicros(CUstream stream, int launches, const TimingOptions& options,
-                                       const std::function<absl::Status(int)>& enqueue);
+// Several captured workloads timed in alternation: warm-up replay w of every graph before
+// warm-up replay w + 1 of any, then timed replay r of every graph before replay r + 1 of any.
+// Each graph's median therefore sees the same clocks as the others': under a sustained load the
+// H200 reaches its 700 W power cap and lowers the SM clock (measured down to 765 MHz at m = 32
+// on 8192x28672), which would otherwise penalise whatever is timed last.
+class GraphTimer {
+ public:
+  explicit GraphTimer(CUstream stream) : stream_(stream) {}
+  ~GraphTimer();
+  GraphTimer(const GraphTimer&) = delete;
+  GraphTimer& operator=(const GraphTimer&) = delete;
+
+  // Captures enqueue(0) .. enqueue(launches - 1) into one CUDA graph and returns its index.
+  // enqueue must only enqueue work (it runs during stream capture, thread-local mode).
+  absl::StatusOr<int> Capture(int launches, const std::function<absl::Status(int)>& enqueue);
+  // The median time of one launch of each captured graph, in microseconds, in capture order.
+  absl::StatusOr<std::vector<double>> MedianMicros(const TimingOptions& options);
+
+ private:
+  CUstream stream_;
+  std::vector<CUgraphExec> execs_;
+  std::vector<int> launches_;
+};
 
 // cuBLAS, opened with dlopen at run time: GEMVZ_CUBLAS_LIBRARY if set, else libcublas.so.13 and
 // .so.12 from the loader's path, else the toolkit's lib64 ($CUDA_HOME, /usr/local/cuda).
@@ -153,6 +171,7 @@ class ShapeWorkload {
   const GemvReference& reference() const { return reference_; }
   CUdeviceptr x() const { return x_.ptr(); }
   CUdeviceptr out() const { return out_.ptr(); }
+  CUstream stream() const { return session_->stream(); }
 
   // The dispatcher's path: copy 0 through DeviceMatrix::FromBf16; the rest are uploads of one
   // Pack of the same weights (or plain uploads when FromBf16 kept the matrix plain).
@@ -170,22 +189,28 @@ class ShapeWorkload {
                                          const std::function<absl::Status()>& run,
                                          std::vector<uint16_t>* result);
 
-  // Times `call(copy)` with copy rotating over `copies` copies. Returns the median per call;
-  // *launches says how many launches one replay held.
-  absl::StatusOr<double> TimeRotated(int copies, const TimingOptions& timing,
+  // Captures `call(copy)` into `timer`, copy rotating over `copies` copies, at least
+  // timing.min_launches launches in whole rotations (*launches says how many); returns the
+  // graph's index.
+  absl::StatusOr<int> CaptureRotated(GraphTimer* timer, int copies, const TimingOptions& timing,
                                      const std::function<absl::Status(int copy)>& call,
                                      int* launches);
 
   // Gemv on the copies: check on copy 0 (and on the last copy, which came another way), then
-  // time. `options` forces a configuration or leaves the dispatcher to choose.
+  // capture the timed launches. `options` forces a configuration or leaves the dispatcher to
+  // choose.
   struct GemvRun {
     ErrorCheck check;
-    double time_us = 0;
     int launches = 0;
     std::vector<uint16_t> result;
   };
-  absl::StatusOr<GemvRun> CheckAndTimeGemv(const std::vector<DeviceMatrix>& copies, int64_t m,
-                                           const GemvOptions& options, const TimingOptions& timing);
+  // The check, and the timed launches captured into `timer`: returns the graph's index and
+  // sets run->launches.
+  absl::StatusOr<GemvRun> CheckGemv(const std::vector<DeviceMatrix>& copies, int64_t m,
+                                    const GemvOptions& options, const TimingOptions& timing);
+  absl::StatusOr<int> CaptureGemv(GraphTimer* timer, const std::vector<DeviceMatrix>& copies,
+                                  int64_t m, const GemvOptions& options,
+                                  const TimingOptions& timing, GemvRun* run);
 
  private:
   ShapeWorkload(GpuSession* session, MatrixShape shape, WorkloadOptions options)

@@ -52,8 +52,9 @@ const std::string& TuneUsage() {
       "an invalid one is reported with the rule it breaks and skipped), compiled by NVRTC at\n"
       "first use (or found in the disk cache), run once and checked against a CPU\n"
       "double-precision reference, then timed like gemvz bench (CUDA graphs, weights rotated\n"
-      "through --rotate_mb, median of --replays) next to the dispatcher's own choice for the\n"
-      "same (shape, m).\n"
+      "through --rotate_mb, median of --replays) together with the dispatcher's own choice and\n"
+      "the other configurations of the same (shape, m), replay by replay in turn, so that none\n"
+      "runs in a hotter, power-capped stretch than another.\n"
       "\n"
       "A configuration reads FORMAT.nwW.ugU.nbB.pipeP[.rbR][.gm].sS, e.g.\n"
       "z12.nw8.ug2.nb1.pipe3.s1: FORMAT z12 or bf16; nw streaming warps per CTA; ug 64-wide K\n"
@@ -217,6 +218,9 @@ void CompileCandidates(std::vector<TuneCase>* cases, const std::string& arch, in
   }
 }
 
+// Every candidate (the dispatcher's choice first) is checked against the reference and captured,
+// then all are timed together, replay by replay in turn (GraphTimer), so that none is timed in
+// a hotter, power-capped stretch than another.
 void TimeCase(ShapeWorkload* work, const TimingOptions& timing, TuneCase* c) {
   const std::string label = Label(*c);
   absl::StatusOr<const std::vector<DeviceMatrix>*> copies = work->ForFormat(c->format);
@@ -227,17 +231,21 @@ void TimeCase(ShapeWorkload* work, const TimingOptions& timing, TuneCase* c) {
   const DeviceMatrix& first = (**copies)[0];
   c->fallback_reason = first.fallback_reason();
   const int64_t bytes = first.weight_bytes() + ActivationBytes(c->m, c->shape);
-  auto run = [&](Candidate* cand, const GemvOptions& options) {
+  GraphTimer timer(work->stream());
+  std::vector<std::pair<Candidate*, int>> captured;  // (candidate, graph)
+  auto check_and_capture = [&](Candidate* cand, const GemvOptions& options) {
     cand->bytes = bytes;
-    absl::StatusOr<ShapeWorkload::GemvRun> r =
-        work->CheckAndTimeGemv(**copies, c->m, options, timing);
-    if (!r.ok()) {
-      cand->run_error = std::string(r.status().message());
-      return;
+    absl::StatusOr<ShapeWorkload::GemvRun> r = work->CheckGemv(**copies, c->m, options, timing);
+    if (r.ok()) {
+      cand->check = r->check;
+      absl::StatusOr<int> graph = work->CaptureGemv(&timer, **copies, c->m, options, timing, &*r);
+      if (graph.ok()) {
+        captured.push_back({cand, *graph});
+        return;
+      }
+      r = graph.status();
     }
-    cand->ran = true;
-    cand->check = r->check;
-    cand->time_us = r->time_us;
+    cand->run_error = std::string(r.status().message());
   };
   absl::StatusOr<GemvPlan> plan = PlanGemv(first, c->m);
   if (!plan.ok()) {
@@ -247,7 +255,7 @@ void TimeCase(ShapeWorkload* work, const TimingOptions& timing, TuneCase* c) {
     c->baseline_source = plan->source;
     Progress(absl::StrFormat("[tune] %s: the dispatcher's %s (%s)", label,
                              plan->config.ToString(), plan->source));
-    run(&c->baseline, GemvOptions{});
+    check_and_capture(&c->baseline, GemvOptions{});
     if (!c->baseline.run_error.empty()) c->baseline_error = c->baseline.run_error;
   }
   for (Candidate& cand : c->candidates) {
@@ -255,7 +263,20 @@ void TimeCase(ShapeWorkload* work, const TimingOptions& timing, TuneCase* c) {
     Progress(absl::StrFormat("[tune] %s: %s", label, cand.config.ToString()));
     GemvOptions options;
     options.config = cand.config;
-    run(&cand, options);
+    check_and_capture(&cand, options);
+  }
+  if (captured.empty()) return;
+  Progress(absl::StrFormat("[tune] %s: timing %d configurations in turn", label,
+                           static_cast<int>(captured.size())));
+  absl::StatusOr<std::vector<double>> us = timer.MedianMicros(timing);
+  for (const auto& [cand, graph] : captured) {
+    if (!us.ok()) {
+      cand->run_error = std::string(us.status().message());
+      if (cand == &c->baseline) c->baseline_error = cand->run_error;
+      continue;
+    }
+    cand->ran = true;
+    cand->time_us = (*us)[graph];
   }
 }
 
