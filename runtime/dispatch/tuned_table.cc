@@ -64,13 +64,19 @@
 // heuristic's choice in three rounds on the same H200 (group-major shapes; the times are the
 // means), or the whole sweep twice (6144x4096, 4096x4096). Against the heuristic: 4096x8192
 // 12.4 % faster at m = 24 (15.92 against 17.90 us) and the same kernel at 32; 28672x4096 3.6 %
-// and the same; 4096x14336 8.6 and 6.3 %; 10240x8192 the same and 3.3 %; 8192x28672 2.1 % and
-// 14-20 % (98.50 against 112.01 us in the rounds, 89.72 against 107.36 in the sweep);
-// 6144x4096 the same and 2.1 %; 4096x4096 12.6 % (9.63 against 10.84) and 0.5 %. Two rows spill,
-// measured faster than every kernel that does not: 8192x28672 at m = 24 (8 bytes; 2.1 % ahead of
-// the heuristic's z12.nw5.ug2.nb3.pipe4.rb2.gm) and 4096x4096 at m = 24 (12 bytes; 2.3 % ahead of
-// z12.nw7.ug1.nb3.pipe4). Faster kernels that spill 36-100 bytes were passed over (10240x8192
-// m = 24: z12.nw3.ug4.nb3.pipe7.gm, 44 bytes, 36.49 us in the sweep).
+// (PIPE 3 then) and the same; 4096x14336 8.6 and 6.3 %; 10240x8192 the same and 3.3 %;
+// 8192x28672 2.1 % and 14-20 % (98.50 against 112.01 us in the rounds, 89.72 against 107.36 in
+// the sweep); 6144x4096 the same and 2.1 %; 4096x4096 12.6 % (9.63 against 10.84) and the same.
+// Two rows spill, measured faster than every kernel that does not: 8192x28672 at m = 24 (8 bytes;
+// 2.1 % ahead of the heuristic's z12.nw5.ug2.nb3.pipe4.rb2.gm) and 4096x4096 at m = 24 (12 bytes;
+// 2.3 % ahead of z12.nw7.ug1.nb3.pipe4). Faster kernels that spill 36-100 bytes were passed over
+// (10240x8192 m = 24: z12.nw3.ug4.nb3.pipe7.gm, 44 bytes, 36.49 us in the sweep). Those rounds
+// timed each candidate whole, one after another, which favoured the first under the 700 W power cap
+// (docs/BENCHMARKS.md, "Timing in turn"); the same lists timed in turn (gemvz tune since 1931295),
+// two rounds: the rows held on 12 of 14, 8192x28672 at m = 24 by 5.3 % over the next kernel. Two
+// changed: 28672x4096 at m = 24 to PIPE 4 (49.25 and 49.28 against 49.76 and 49.73 us for PIPE 3)
+// and 4096x4096 at m = 32 back to the heuristic's PIPE 3 (10.41 and 10.55 against 10.61 and 10.65);
+// their times are those rounds' means.
 #include <string>
 #include <vector>
 
@@ -116,7 +122,7 @@ constexpr Row kRows[] = {
     {"sm_90", 8, 4096, 4096, "z12.nw16.ug1.nb1.pipe2.s1", 8.13},
     {"sm_90", 16, 4096, 4096, "z12.nw8.ug4.nb2.pipe4.s1", 8.62},
     {"sm_90", 24, 4096, 4096, "z12.nw8.ug2.nb3.pipe4.s1", 9.63},
-    {"sm_90", 32, 4096, 4096, "z12.nw8.ug1.nb4.pipe2.s1", 10.71},
+    {"sm_90", 32, 4096, 4096, "z12.nw8.ug1.nb4.pipe3.s1", 10.48},
     {"sm_90", 1, 4096, 4096, "bf16.nw8.ug2.nb1.pipe2.s1", 10.38},
     {"sm_90", 8, 4096, 4096, "bf16.nw8.ug2.nb1.pipe2.s1", 10.83},
     {"sm_90", 16, 4096, 4096, "bf16.nw8.ug2.nb2.pipe2.s1", 11.72},
@@ -124,7 +130,7 @@ constexpr Row kRows[] = {
     {"sm_90", 1, 28672, 4096, "z12.nw3.ug2.nb1.pipe3.gm.s1", 42.10},
     {"sm_90", 8, 28672, 4096, "z12.nw3.ug1.nb1.pipe3.gm.s1", 42.11},
     {"sm_90", 16, 28672, 4096, "z12.nw3.ug1.nb2.pipe3.rb4.gm.s1", 43.55},
-    {"sm_90", 24, 28672, 4096, "z12.nw5.ug1.nb3.pipe3.rb4.gm.s1", 48.16},
+    {"sm_90", 24, 28672, 4096, "z12.nw5.ug1.nb3.pipe4.rb4.gm.s1", 49.27},
     {"sm_90", 32, 28672, 4096, "z12.nw4.ug1.nb4.pipe0.rb4.gm.s1", 53.01},
     // (block-major: the rows before session 12, with their times)
     {"sm_90", 1, 28672, 4096, "z12.nw3.ug2.nb1.pipe3.s1", 41.58},
