@@ -209,13 +209,20 @@ absl::StatusOr<std::vector<double>> GraphTimer::MedianMicros(const TimingOptions
   std::vector<std::vector<double>> per_launch_us(execs_.size());
   for (int r = 0; r < options.replays; ++r) {
     for (size_t g = 0; g < execs_.size(); ++g) {
-      CU_RETURN_IF_ERROR(cuEventRecord(start, stream_));
-      CU_RETURN_IF_ERROR(cuGraphLaunch(execs_[g], stream_));
-      CU_RETURN_IF_ERROR(cuEventRecord(stop, stream_));
-      CU_RETURN_IF_ERROR(cuEventSynchronize(stop));
-      float ms = 0;
-      CU_RETURN_IF_ERROR(cuEventElapsedTime(&ms, start, stop));
-      per_launch_us[g].push_back(static_cast<double>(ms) * 1000.0 / launches_[g]);
+      absl::Status st = [&]() -> absl::Status {
+        CU_RETURN_IF_ERROR(cuEventRecord(start, stream_));
+        CU_RETURN_IF_ERROR(cuGraphLaunch(execs_[g], stream_));
+        CU_RETURN_IF_ERROR(cuEventRecord(stop, stream_));
+        CU_RETURN_IF_ERROR(cuEventSynchronize(stop));
+        float ms = 0;
+        CU_RETURN_IF_ERROR(cuEventElapsedTime(&ms, start, stop));
+        per_launch_us[g].push_back(static_cast<double>(ms) * 1000.0 / launches_[g]);
+        return absl::OkStatus();
+      }();
+      if (!st.ok()) {  // name the graph: one of many captured workloads failed
+        return absl::Status(st.code(), absl::StrCat("timing graph ", g, " of ", execs_.size(),
+                                                    " (replay ", r, "): ", st.message()));
+      }
     }
   }
   std::vector<double> medians;
@@ -618,33 +625,33 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
 
     Progress(absl::StrFormat("[bench] %s m=%d: timing the paths in turn", label, m));
     GraphTimer timer(stream);
-    int blas_launches = 0, probe_launches = 0, bound_launches = 0;
-    RETURN_IF_ERROR(work->CaptureGemv(&timer, *z, m, {}, tools.timing, &zr).status());
-    RETURN_IF_ERROR(work->CaptureGemv(&timer, *p, m, {}, tools.timing, &pr).status());
-    RETURN_IF_ERROR(
-        work->CaptureRotated(&timer, raw_copies, tools.timing, blas_on, &blas_launches).status());
+    int launches = 0;  // the probes' and cuBLAS's: whole rotations of the raw copies
+    ASSIGN_OR_RETURN(const int z_graph, work->CaptureGemv(&timer, *z, m, {}, tools.timing, &zr));
+    ASSIGN_OR_RETURN(const int p_graph, work->CaptureGemv(&timer, *p, m, {}, tools.timing, &pr));
+    ASSIGN_OR_RETURN(const int blas_graph,
+                     work->CaptureRotated(&timer, raw_copies, tools.timing, blas_on, &launches));
     auto probe_over = [&](int64_t bytes) {
       return
           [&, bytes](int copy) { return tools.probe->Launch((*raw)[copy].ptr(), bytes, stream); };
     };
-    RETURN_IF_ERROR(work->CaptureRotated(&timer, raw_copies, tools.timing, probe_over(bf16_bytes),
-                                         &probe_launches)
-                        .status());
+    ASSIGN_OR_RETURN(
+        const int probe_graph,
+        work->CaptureRotated(&timer, raw_copies, tools.timing, probe_over(bf16_bytes), &launches));
+    int bound_graph = -1;
     if (packed) {
-      RETURN_IF_ERROR(work->CaptureRotated(&timer, raw_copies, tools.timing,
-                                           probe_over(z12_weight_bytes), &bound_launches)
-                          .status());
+      ASSIGN_OR_RETURN(bound_graph, work->CaptureRotated(&timer, raw_copies, tools.timing,
+                                                         probe_over(z12_weight_bytes), &launches));
     }
     ASSIGN_OR_RETURN(const std::vector<double> us, timer.MedianMicros(tools.timing));
 
-    c.z12 = {us[0], z0.weight_bytes() + io_bytes, zr.check.max_ratio, zr.check.ok()};
+    c.z12 = {us[z_graph], z0.weight_bytes() + io_bytes, zr.check.max_ratio, zr.check.ok()};
     c.launches_z12 = zr.launches;
-    c.plain = {us[1], (*p)[0].weight_bytes() + io_bytes, pr.check.max_ratio, pr.check.ok()};
+    c.plain = {us[p_graph], (*p)[0].weight_bytes() + io_bytes, pr.check.max_ratio, pr.check.ok()};
     c.launches_bf16 = pr.launches;
-    c.cublas = {us[2], bf16_bytes + io_bytes, blas_check.max_ratio, blas_check.ok()};
-    c.probe = {us[3], BandwidthProbe::BytesRead(bf16_bytes), -1, false};
-    if (packed) {
-      c.probe_z12 = {us[4], BandwidthProbe::BytesRead(z12_weight_bytes), -1, false};
+    c.cublas = {us[blas_graph], bf16_bytes + io_bytes, blas_check.max_ratio, blas_check.ok()};
+    c.probe = {us[probe_graph], BandwidthProbe::BytesRead(bf16_bytes), -1, false};
+    if (bound_graph >= 0) {
+      c.probe_z12 = {us[bound_graph], BandwidthProbe::BytesRead(z12_weight_bytes), -1, false};
     }
 
     const ErrorCheck z_vs_blas = CheckPair(zr.result.data(), blas_result.data(), m, work->reference());

@@ -196,18 +196,18 @@ class ShapeWorkload {
                                      const std::function<absl::Status(int copy)>& call,
                                      int* launches);
 
-  // Gemv on the copies: check on copy 0 (and on the last copy, which came another way), then
-  // capture the timed launches. `options` forces a configuration or leaves the dispatcher to
-  // choose.
+  // Gemv on the copies. `options` forces a configuration or leaves the dispatcher to choose;
+  // `timing.pdl` sets the launch mode unless `options` does.
   struct GemvRun {
     ErrorCheck check;
-    int launches = 0;
+    int launches = 0;  // set by CaptureGemv
     std::vector<uint16_t> result;
   };
-  // The check, and the timed launches captured into `timer`: returns the graph's index and
-  // sets run->launches.
+  // Runs on copy 0 (and on the last copy, which came another way) and checks the results.
   absl::StatusOr<GemvRun> CheckGemv(const std::vector<DeviceMatrix>& copies, int64_t m,
                                     const GemvOptions& options, const TimingOptions& timing);
+  // Captures the timed launches, rotating over the copies, into `timer`: returns the graph's
+  // index and sets run->launches.
   absl::StatusOr<int> CaptureGemv(GraphTimer* timer, const std::vector<DeviceMatrix>& copies,
                                   int64_t m, const GemvOptions& options,
                                   const TimingOptions& timing, GemvRun* run);
