@@ -75,12 +75,10 @@ constexpr int64_t kPdlMinFillTenths = 9;
 // one (DeviceMatrix::order).
 absl::Status CheckOrder(const KernelConfig& c, const DeviceMatrixState& s, const char* source) {
   if (s.format != WeightFormat::kZ12 || c.order == s.order) return absl::OkStatus();
-  KernelConfig fixed = c;
-  fixed.order = s.order;
   return absl::InvalidArgumentError(absl::StrCat(
       "configuration ", c.ToString(), " (", source, ") reads ", std::string(OrderName(c.order)),
       "-major weights, but the matrix was uploaded ", std::string(OrderName(s.order)),
-      "-major: use ", fixed.ToString(), ", or upload the matrix in the other order ",
+      "-major: use ", InOrder(c, s.order).ToString(), ", or upload the matrix in the other order ",
       "(UploadOptions::order, GEMVZ_WEIGHT_ORDER)"));
 }
 

@@ -519,36 +519,16 @@ absl::StatusOr<int> ShapeWorkload::CaptureRotated(GraphTimer* timer, int copies,
   return timer->Capture(*launches, [&](int i) { return call(i % copies); });
 }
 
-namespace {
-// The mode is always explicit here, so GEMVZ_PDL cannot change what the report says (--pdl).
-GemvOptions TimedOptions(const GemvOptions& options, bool pdl) {
-  GemvOptions opts = options;
-  if (!opts.pdl) opts.pdl = pdl ? Pdl::kAuto : Pdl::kOff;
-  return opts;
-}
-}  // namespace
-
-absl::StatusOr<int> ShapeWorkload::CaptureGemv(GraphTimer* timer,
-                                               const std::vector<DeviceMatrix>& copies, int64_t m,
-                                               const GemvOptions& options,
-                                               const TimingOptions& timing, GemvRun* run) {
-  const GemvOptions opts = TimedOptions(options, timing.pdl);
-  const uint16_t* x = x_.bf16();
-  uint16_t* out = out_.bf16();
-  CUstream stream = session_->stream();
-  return CaptureRotated(
-      timer, static_cast<int>(copies.size()), timing,
-      [&](int c) { return Gemv(copies[c], x, m, out, stream, opts); }, &run->launches);
-}
-
-absl::StatusOr<ShapeWorkload::GemvRun> ShapeWorkload::CheckGemv(
-    const std::vector<DeviceMatrix>& copies, int64_t m, const GemvOptions& options,
-    const TimingOptions& timing) {
+absl::StatusOr<ShapeWorkload::GemvRun> ShapeWorkload::CheckAndCaptureGemv(
+    GraphTimer* timer, const std::vector<DeviceMatrix>& copies, int64_t m,
+    const GemvOptions& options, const TimingOptions& timing) {
   GemvRun run;
   const uint16_t* x = x_.bf16();
   uint16_t* out = out_.bf16();
   CUstream stream = session_->stream();
-  const GemvOptions opts = TimedOptions(options, timing.pdl);
+  // The mode is always explicit here, so GEMVZ_PDL cannot change what the report says (--pdl).
+  GemvOptions opts = options;
+  if (!opts.pdl) opts.pdl = timing.pdl ? Pdl::kAuto : Pdl::kOff;
   auto gemv_on = [&](int c) { return Gemv(copies[c], x, m, out, stream, opts); };
   ASSIGN_OR_RETURN(run.check, RunAndCheck(m, [&] { return gemv_on(0); }, &run.result));
   if (copies.size() > 1 && run.check.ok()) {
@@ -565,6 +545,8 @@ absl::StatusOr<ShapeWorkload::GemvRun> ShapeWorkload::CheckGemv(
       ++run.check.failures;
     }
   }
+  ASSIGN_OR_RETURN(run.graph, CaptureRotated(timer, static_cast<int>(copies.size()), timing,
+                                             gemv_on, &run.launches));
   return run;
 }
 
@@ -609,13 +591,16 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
     c.copies_bf16 = static_cast<int>(p->size());
     const int64_t io_bytes = ActivationBytes(m, shape);
 
-    // Every path is checked first, then all are timed together (GraphTimer): z12, plain,
-    // cuBLAS, and the probe over the BF16 bytes (the ceiling, on the very buffers cuBLAS reads)
-    // and over the 12-bit weights' bytes (the streaming bound), replay by replay in turn.
+    // The GEMVs are checked and captured, then all paths are timed together (GraphTimer): z12,
+    // plain, cuBLAS, and the probe over the BF16 bytes (the ceiling, on the very buffers cuBLAS
+    // reads) and over the 12-bit weights' bytes (the streaming bound), replay by replay in turn.
     Progress(absl::StrFormat("[bench] %s m=%d: checking z12 (%s, %s), plain BF16 (%s), cuBLAS",
                              label, m, c.config, c.config_source, c.plain_config));
-    ASSIGN_OR_RETURN(ShapeWorkload::GemvRun zr, work->CheckGemv(*z, m, {}, tools.timing));
-    ASSIGN_OR_RETURN(ShapeWorkload::GemvRun pr, work->CheckGemv(*p, m, {}, tools.timing));
+    GraphTimer timer(stream);
+    ASSIGN_OR_RETURN(ShapeWorkload::GemvRun zr,
+                     work->CheckAndCaptureGemv(&timer, *z, m, {}, tools.timing));
+    ASSIGN_OR_RETURN(ShapeWorkload::GemvRun pr,
+                     work->CheckAndCaptureGemv(&timer, *p, m, {}, tools.timing));
     auto blas_on = [&](int copy) {
       return tools.cublas->GemmBf16((*raw)[copy].ptr(), work->x(), work->out(), m, n, k);
     };
@@ -624,10 +609,7 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
                                                 m, [&] { return blas_on(0); }, &blas_result));
 
     Progress(absl::StrFormat("[bench] %s m=%d: timing the paths in turn", label, m));
-    GraphTimer timer(stream);
     int launches = 0;  // the probes' and cuBLAS's: whole rotations of the raw copies
-    ASSIGN_OR_RETURN(const int z_graph, work->CaptureGemv(&timer, *z, m, {}, tools.timing, &zr));
-    ASSIGN_OR_RETURN(const int p_graph, work->CaptureGemv(&timer, *p, m, {}, tools.timing, &pr));
     ASSIGN_OR_RETURN(const int blas_graph,
                      work->CaptureRotated(&timer, raw_copies, tools.timing, blas_on, &launches));
     auto probe_over = [&](int64_t bytes) {
@@ -644,9 +626,9 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
     }
     ASSIGN_OR_RETURN(const std::vector<double> us, timer.MedianMicros(tools.timing));
 
-    c.z12 = {us[z_graph], z0.weight_bytes() + io_bytes, zr.check.max_ratio, zr.check.ok()};
+    c.z12 = {us[zr.graph], z0.weight_bytes() + io_bytes, zr.check.max_ratio, zr.check.ok()};
     c.launches_z12 = zr.launches;
-    c.plain = {us[p_graph], (*p)[0].weight_bytes() + io_bytes, pr.check.max_ratio, pr.check.ok()};
+    c.plain = {us[pr.graph], (*p)[0].weight_bytes() + io_bytes, pr.check.max_ratio, pr.check.ok()};
     c.launches_bf16 = pr.launches;
     c.cublas = {us[blas_graph], bf16_bytes + io_bytes, blas_check.max_ratio, blas_check.ok()};
     c.probe = {us[probe_graph], BandwidthProbe::BytesRead(bf16_bytes), -1, false};

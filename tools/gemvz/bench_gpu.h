@@ -196,21 +196,20 @@ class ShapeWorkload {
                                      const std::function<absl::Status(int copy)>& call,
                                      int* launches);
 
-  // Gemv on the copies. `options` forces a configuration or leaves the dispatcher to choose;
-  // `timing.pdl` sets the launch mode unless `options` does.
+  // Gemv on the copies: runs on copy 0 (and on the last copy, which came another way) and
+  // checks the results, then captures the timed launches, rotating over the copies, into `timer`.
+  // `options` forces a configuration or leaves the dispatcher to choose; `timing.pdl` sets the
+  // launch mode unless `options` does.
   struct GemvRun {
     ErrorCheck check;
-    int launches = 0;  // set by CaptureGemv
+    int graph = -1;    // the timed launches' index in the GraphTimer
+    int launches = 0;  // launches per timed replay
     std::vector<uint16_t> result;
   };
-  // Runs on copy 0 (and on the last copy, which came another way) and checks the results.
-  absl::StatusOr<GemvRun> CheckGemv(const std::vector<DeviceMatrix>& copies, int64_t m,
-                                    const GemvOptions& options, const TimingOptions& timing);
-  // Captures the timed launches, rotating over the copies, into `timer`: returns the graph's
-  // index and sets run->launches.
-  absl::StatusOr<int> CaptureGemv(GraphTimer* timer, const std::vector<DeviceMatrix>& copies,
-                                  int64_t m, const GemvOptions& options,
-                                  const TimingOptions& timing, GemvRun* run);
+  absl::StatusOr<GemvRun> CheckAndCaptureGemv(GraphTimer* timer,
+                                              const std::vector<DeviceMatrix>& copies, int64_t m,
+                                              const GemvOptions& options,
+                                              const TimingOptions& timing);
 
  private:
   ShapeWorkload(GpuSession* session, MatrixShape shape, WorkloadOptions options)

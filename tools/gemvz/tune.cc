@@ -235,17 +235,14 @@ void TimeCase(ShapeWorkload* work, const TimingOptions& timing, TuneCase* c) {
   std::vector<std::pair<Candidate*, int>> captured;  // (candidate, graph)
   auto check_and_capture = [&](Candidate* cand, const GemvOptions& options) {
     cand->bytes = bytes;
-    absl::StatusOr<ShapeWorkload::GemvRun> r = work->CheckGemv(**copies, c->m, options, timing);
-    if (r.ok()) {
-      cand->check = r->check;
-      absl::StatusOr<int> graph = work->CaptureGemv(&timer, **copies, c->m, options, timing, &*r);
-      if (graph.ok()) {
-        captured.push_back({cand, *graph});
-        return;
-      }
-      r = graph.status();
+    absl::StatusOr<ShapeWorkload::GemvRun> r =
+        work->CheckAndCaptureGemv(&timer, **copies, c->m, options, timing);
+    if (!r.ok()) {
+      cand->run_error = std::string(r.status().message());
+      return;
     }
-    cand->run_error = std::string(r.status().message());
+    cand->check = r->check;
+    captured.push_back({cand, r->graph});
   };
   absl::StatusOr<GemvPlan> plan = PlanGemv(first, c->m);
   if (!plan.ok()) {
