@@ -156,7 +156,8 @@ void CheckDispatcherChoices(const std::vector<std::pair<int64_t, int64_t>>& shap
   }
 }
 
-// m = 24 and 32 too: the table's rows above 16, in each shape's default order.
+// m = 17..32 too: the table's rows above 16, in each shape's default order, with their token
+// blocks filled (24, 32) and partly filled (17, 25: the m = 24 and 32 rows, rows past m unstored).
 TEST(Gemv, DispatcherChoicesOnTheSuite) {
   GEMVZ_REQUIRE_GPU();
   CheckDispatcherChoices({{4096, 8192},
@@ -166,7 +167,7 @@ TEST(Gemv, DispatcherChoicesOnTheSuite) {
                           {4096, 14336},
                           {10240, 8192},
                           {8192, 28672}},
-                         {1, 8, 16, 24, 32});
+                         {1, 8, 16, 17, 24, 25, 32});
 }
 
 // K whose groups few warp counts divide: 43 groups (a prime), 86 and 172 (Llama-2-7B's K, the

@@ -189,7 +189,8 @@ absl::StatusOr<int> GraphTimer::Capture(int launches,
   return static_cast<int>(execs_.size()) - 1;
 }
 
-absl::StatusOr<std::vector<double>> GraphTimer::MedianMicros(const TimingOptions& options) {
+absl::StatusOr<std::vector<double>> GraphTimer::MedianMicros(
+    const TimingOptions& options, const std::function<void(int done, int total)>& on_round) {
   if (options.replays < 1 || options.warmup_replays < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("graph timing needs replays >= 1 (", options.replays, ") and warm-up >= 0"));
@@ -202,8 +203,13 @@ absl::StatusOr<std::vector<double>> GraphTimer::MedianMicros(const TimingOptions
   };
   CU_RETURN_IF_ERROR(cuEventCreate(&start, CU_EVENT_DEFAULT));
   CU_RETURN_IF_ERROR(cuEventCreate(&stop, CU_EVENT_DEFAULT));
+  const int rounds = options.warmup_replays + options.replays;
   for (int w = 0; w < options.warmup_replays; ++w) {
     for (CUgraphExec exec : execs_) CU_RETURN_IF_ERROR(cuGraphLaunch(exec, stream_));
+    if (on_round) {  // after the round has run, not when it was enqueued
+      CU_RETURN_IF_ERROR(cuStreamSynchronize(stream_));
+      on_round(w + 1, rounds);
+    }
   }
   CU_RETURN_IF_ERROR(cuStreamSynchronize(stream_));
   std::vector<std::vector<double>> per_launch_us(execs_.size());
@@ -224,6 +230,7 @@ absl::StatusOr<std::vector<double>> GraphTimer::MedianMicros(const TimingOptions
                                                     " (replay ", r, "): ", st.message()));
       }
     }
+    if (on_round) on_round(options.warmup_replays + r + 1, rounds);
   }
   std::vector<double> medians;
   for (std::vector<double>& t : per_launch_us) {

@@ -103,7 +103,12 @@ class GraphTimer {
   // enqueue must only enqueue work (it runs during stream capture, thread-local mode).
   absl::StatusOr<int> Capture(int launches, const std::function<absl::Status(int)>& enqueue);
   // The median time of one launch of each captured graph, in microseconds, in capture order.
-  absl::StatusOr<std::vector<double>> MedianMicros(const TimingOptions& options);
+  // on_round (if set) is called after each round of every graph, warm-up rounds included, with
+  // the rounds done and the rounds in all: long timings (a tune of hundreds of candidates) can
+  // show progress.
+  absl::StatusOr<std::vector<double>> MedianMicros(
+      const TimingOptions& options,
+      const std::function<void(int done, int total)>& on_round = nullptr);
 
  private:
   CUstream stream_;

@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gemvz/config.h"
 #include "gemvz/dispatch.h"
 #include "gemvz/gemv.h"
@@ -265,7 +267,16 @@ void TimeCase(ShapeWorkload* work, const TimingOptions& timing, TuneCase* c) {
   if (captured.empty()) return;
   Progress(absl::StrFormat("[tune] %s: timing %d configurations in turn", label,
                            static_cast<int>(captured.size())));
-  absl::StatusOr<std::vector<double>> us = timer.MedianMicros(timing);
+  // A round of a few hundred candidates takes seconds: say how far it is every few seconds.
+  const absl::Time start = absl::Now();
+  absl::Time last = start;
+  absl::StatusOr<std::vector<double>> us = timer.MedianMicros(timing, [&](int done, int total) {
+    const absl::Time now = absl::Now();
+    if (done == total || now - last < absl::Seconds(3)) return;
+    last = now;
+    Progress(absl::StrFormat("[tune] %s:   round %d/%d of every configuration, %.0f s", label, done,
+                             total, absl::ToDoubleSeconds(now - start)));
+  });
   for (const auto& [cand, graph] : captured) {
     if (!us.ok()) {
       cand->run_error = std::string(us.status().message());
