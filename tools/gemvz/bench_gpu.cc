@@ -154,17 +154,20 @@ GraphTimer::~GraphTimer() {
   absl::StatusOr<const internal::DriverApi*> drv = internal::Driver();
   if (!drv.ok()) return;
   for (CUgraphExec exec : execs_) (*drv)->cuGraphExecDestroy(exec);
-  for (CUgraphExec exec : leads_) (*drv)->cuGraphExecDestroy(exec);
 }
 
-absl::StatusOr<CUgraphExec> GraphTimer::CaptureLaunches(
-    int first, int end, const std::function<absl::Status(int)>& enqueue) {
+absl::StatusOr<int> GraphTimer::Capture(int launches,
+                                        const std::function<absl::Status(int)>& enqueue) {
+  if (launches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("graph timing needs launches >= 1 (", launches, ")"));
+  }
   ASSIGN_OR_RETURN(const internal::DriverApi* drv, internal::Driver());
   // Thread-local capture: a call that would allocate or synchronise inside the graph fails here
   // instead of being timed wrongly.
   CU_RETURN_IF_ERROR(cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
   absl::Status enqueued = absl::OkStatus();
-  for (int i = first; i < end && enqueued.ok(); ++i) enqueued = enqueue(i);
+  for (int i = 0; i < launches && enqueued.ok(); ++i) enqueued = enqueue(i);
   CUgraph graph = nullptr;
   const CUresult ended = drv->cuStreamEndCapture(stream_, &graph);
   if (!enqueued.ok()) {
@@ -181,24 +184,7 @@ absl::StatusOr<CUgraphExec> GraphTimer::CaptureLaunches(
   if (instantiated != CUDA_SUCCESS) {
     return internal::CuResultToStatus(instantiated, "cuGraphInstantiate", __FILE__, __LINE__);
   }
-  return exec;
-}
-
-absl::StatusOr<int> GraphTimer::Capture(int launches,
-                                        const std::function<absl::Status(int)>& enqueue) {
-  if (launches < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("graph timing needs launches >= 1 (", launches, ")"));
-  }
-  ASSIGN_OR_RETURN(CUgraphExec exec, CaptureLaunches(0, launches, enqueue));
-  absl::StatusOr<CUgraphExec> lead = CaptureLaunches(launches - 1, launches, enqueue);
-  if (!lead.ok()) {
-    ASSIGN_OR_RETURN(const internal::DriverApi* drv, internal::Driver());
-    drv->cuGraphExecDestroy(exec);
-    return lead.status();
-  }
   execs_.push_back(exec);
-  leads_.push_back(*lead);
   launches_.push_back(launches);
   return static_cast<int>(execs_.size()) - 1;
 }
@@ -230,7 +216,6 @@ absl::StatusOr<std::vector<double>> GraphTimer::MedianMicros(
   for (int r = 0; r < options.replays; ++r) {
     for (size_t g = 0; g < execs_.size(); ++g) {
       absl::Status st = [&]() -> absl::Status {
-        CU_RETURN_IF_ERROR(cuGraphLaunch(leads_[g], stream_));  // untimed: see Capture
         CU_RETURN_IF_ERROR(cuEventRecord(start, stream_));
         CU_RETURN_IF_ERROR(cuGraphLaunch(execs_[g], stream_));
         CU_RETURN_IF_ERROR(cuEventRecord(stop, stream_));

@@ -92,11 +92,6 @@ struct TimingOptions {
 // Each graph's median therefore sees the same clocks as the others': under a sustained load the
 // H200 reaches its 700 W power cap and lowers the SM clock (measured down to 765 MHz at m = 32
 // on 8192x28672), which would otherwise penalise whatever is timed last.
-// Each timed replay follows an untimed launch of the graph's own last call (its lead-in), so
-// that the kernel that ran just before is always the graph's own, whatever its neighbour in
-// the rotation: on the H200 a kernel's first launch after a different kernel took up to a few
-// microseconds longer, and by how much depended on that kernel (docs/BENCHMARKS.md, "Timing in
-// turn"); in a sweep of hundreds of candidates that ranked each by its neighbour.
 class GraphTimer {
  public:
   explicit GraphTimer(CUstream stream) : stream_(stream) {}
@@ -104,10 +99,8 @@ class GraphTimer {
   GraphTimer(const GraphTimer&) = delete;
   GraphTimer& operator=(const GraphTimer&) = delete;
 
-  // Captures enqueue(0) .. enqueue(launches - 1) into one CUDA graph, and enqueue(launches - 1)
-  // alone into its lead-in, and returns its index. enqueue must only enqueue work (it runs
-  // during stream capture, thread-local mode); with rotated copies the lead-in reads the last
-  // copy, so the timed graph's first call still reads its own from memory.
+  // Captures enqueue(0) .. enqueue(launches - 1) into one CUDA graph and returns its index.
+  // enqueue must only enqueue work (it runs during stream capture, thread-local mode).
   absl::StatusOr<int> Capture(int launches, const std::function<absl::Status(int)>& enqueue);
   // The median time of one launch of each captured graph, in microseconds, in capture order.
   // on_round (if set) is called after each round of every graph, warm-up rounds included, with
@@ -118,12 +111,8 @@ class GraphTimer {
       const std::function<void(int done, int total)>& on_round = nullptr);
 
  private:
-  absl::StatusOr<CUgraphExec> CaptureLaunches(int first, int end,
-                                              const std::function<absl::Status(int)>& enqueue);
-
   CUstream stream_;
   std::vector<CUgraphExec> execs_;
-  std::vector<CUgraphExec> leads_;  // execs_[g]'s lead-in
   std::vector<int> launches_;
 };
 
