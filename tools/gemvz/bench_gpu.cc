@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <random>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -213,8 +214,14 @@ absl::StatusOr<std::vector<double>> GraphTimer::MedianMicros(
   }
   CU_RETURN_IF_ERROR(cuStreamSynchronize(stream_));
   std::vector<std::vector<double>> per_launch_us(execs_.size());
+  // Each timed round in its own order (a fixed seed: the same orders every run), so that no
+  // graph keeps the same place and neighbours in every round.
+  std::vector<size_t> order(execs_.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::mt19937 rng(1);
   for (int r = 0; r < options.replays; ++r) {
-    for (size_t g = 0; g < execs_.size(); ++g) {
+    std::shuffle(order.begin(), order.end(), rng);
+    for (const size_t g : order) {
       absl::Status st = [&]() -> absl::Status {
         CU_RETURN_IF_ERROR(cuEventRecord(start, stream_));
         CU_RETURN_IF_ERROR(cuGraphLaunch(execs_[g], stream_));
