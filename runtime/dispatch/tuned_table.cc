@@ -77,16 +77,15 @@
 // changed: 28672x4096 at m = 24 to PIPE 4 (49.25 and 49.28 against 49.76 and 49.73 us for PIPE 3)
 // and 4096x4096 at m = 32 back to the heuristic's PIPE 3 (10.41 and 10.55 against 10.61 and 10.65);
 // their times are those rounds' means.
-// m = 1, 8, 16 again in turn (session 14, 2026-11-30): the S = 1 space of the covering NB on
-// every suite shape (243-522 configurations a case), swept twice in turn with 16 launches a graph
-// (three shapes a third time with the graphs shuffled every round, as GraphTimer does since
-// 8baf383), then the rows against the candidates that led (by 0.4-3.3 %) in three rounds of 64
-// launches, shuffled, on one H200. Two rows
-// changed, by the same margin in all three rounds (the times are their means): 4096x14336 at
-// m = 16 to z12.nw12.ug1.nb2.pipe2.gm (24.14 against 24.45 us, 1.3 %) and 4096x8192 at m = 8
-// to z12.nw8.ug1.nb1.pipe4.gm (13.78 against 13.98, 1.4-1.5 %). 8192x28672 and 4096x14336 at
-// m = 1 had kernels 0.5 % ahead in all three (z12.nw8.ug1.nb1.pipe1.gm 80.17 against 80.56;
-// z12.nw8.ug1.nb1.pipe4.gm 21.86 against 21.97), within what separates two H200s, so those
+// m = 1, 8, 16 again in turn (session 14, 2026-11-30): the S = 1 space of the covering NB on every
+// suite shape (243-522 configurations a case), swept twice in turn with 16 launches a graph (three
+// shapes a third time with the graphs shuffled every round, as GraphTimer does since 8baf383), then
+// the rows against the candidates that led (by 0.4-3.3 %) in three rounds of 64 launches, shuffled,
+// on one H200. Two rows changed, by the same margin in all three rounds (the times are their
+// means): 4096x14336 at m = 16 to z12.nw12.ug1.nb2.pipe2.gm (24.14 against 24.45 us, 1.3 %) and
+// 4096x8192 at m = 8 to z12.nw8.ug1.nb1.pipe4.gm (13.78 against 13.98, 1.4-1.5 %). 8192x28672 and
+// 4096x14336 at m = 1 had kernels 0.5 % ahead in all three (z12.nw8.ug1.nb1.pipe1.gm 80.17 against
+// 80.56; z12.nw8.ug1.nb1.pipe4.gm 21.86 against 21.97), within what separates two H200s, so those
 // rows stay; the other 17 held.
 #include <string>
 #include <vector>
