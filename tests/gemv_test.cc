@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -32,6 +33,25 @@ using testing::Distribution;
 using testing::FreshSeed;
 
 constexpr uint16_t kPoison = 0x7FC1;  // a NaN: any output left unwritten fails the comparison
+
+// The configurations of `format` over the given NW and S values, every UG (1, 2, 4), NB (1-4),
+// PIPE and, for z12, RB (1, 2, 4), that Validate accepts for one token row on [n, k], in that
+// nesting order.
+std::vector<KernelConfig> ValidConfigs(WeightFormat format, int64_t n, int64_t k,
+                                       std::initializer_list<int> nws,
+                                       std::initializer_list<int> splits) {
+  std::vector<KernelConfig> configs;
+  for (int nw : nws)
+    for (int ug : {1, 2, 4})
+      for (int nb = 1; nb <= 4; ++nb)
+        for (int pipe = 0; pipe <= MaxPipe(format); ++pipe)
+          for (int s : splits)
+            for (int rb = 1; rb <= (format == WeightFormat::kZ12 ? 4 : 1); rb *= 2) {
+              const KernelConfig c{format, nw, ug, nb, pipe, s, rb};
+              if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
+            }
+  return configs;
+}
 
 // One matrix on the GPU with its host copy, and a runner that checks one GEMV call.
 struct Problem {
@@ -98,25 +118,14 @@ TEST(Gemv, BroadConfigurationSweep) {
   const Problem b = Problem::Make(n, k, MixedWeights(n, k, seed), /*plain=*/true);
   ASSERT_EQ(z.dm.format(), WeightFormat::kZ12);
   std::vector<KernelConfig> configs;
-  for (WeightFormat f : {WeightFormat::kZ12, WeightFormat::kBf16})
-    for (int nw : {1, 2, 4, 8, 16})
-      for (int ug : {1, 2, 4})
-        for (int nb = 1; nb <= 4; ++nb)
-          for (int pipe = 0; pipe <= MaxPipe(f); ++pipe)
-            for (int s : {1, 2, 4})
-              for (int rb = 1; rb <= (f == WeightFormat::kZ12 ? 4 : 1); rb *= 2) {
-                KernelConfig c{f, nw, ug, nb, pipe, s, rb};
-                if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
-              }
-  // Compile everything in parallel first.
-  std::vector<KernelConfig> kernels;
-  for (auto c : configs) {
-    c.splits = 1;
-    if (std::find(kernels.begin(), kernels.end(), c) == kernels.end()) kernels.push_back(c);
+  for (WeightFormat f : {WeightFormat::kZ12, WeightFormat::kBf16}) {
+    const std::vector<KernelConfig> valid = ValidConfigs(f, n, k, {1, 2, 4, 8, 16}, {1, 2, 4});
+    configs.insert(configs.end(), valid.begin(), valid.end());
   }
+  // Compile everything in parallel first.
   auto arch = internal::DeviceArch(0);
   ASSERT_TRUE(arch.ok());
-  auto compiled = PrecompileAll(kernels, *arch, 0);
+  auto compiled = PrecompileAll(internal::DistinctKernels(configs), *arch, 0);
   ASSERT_TRUE(compiled.ok()) << compiled.status();
   // Extreme corners of the space may spill (e.g. NW=16 with PIPE 2's two-blocks-per-SM register
   // cap); they must still be right. The default table's kernels are checked for spills elsewhere.
@@ -133,7 +142,7 @@ TEST(Gemv, BroadConfigurationSweep) {
     ++tested;
   }
   std::printf("[ info ] %d configurations checked (%d kernels, %d of them spill)\n", tested,
-              static_cast<int>(kernels.size()), spilling);
+              static_cast<int>(compiled->size()), spilling);
 }
 
 // The dispatcher's own choice for each shape at each m of `ms` (12-bit, or plain BF16 with
@@ -184,16 +193,8 @@ TEST(Gemv, UnevenSharesOfK) {
   for (const int64_t k : {64 * 43, 64 * 86, 64 * 172}) {
     const Problem z = Problem::Make(n, k, MixedWeights(n, k, seed + k));
     ASSERT_EQ(z.dm.format(), WeightFormat::kZ12);
-    std::vector<KernelConfig> configs;
-    for (int nw : {2, 4, 6, 8, 16})
-      for (int ug : {1, 2, 4})
-        for (int nb = 1; nb <= 4; ++nb)
-          for (int pipe = 0; pipe <= MaxPipe(WeightFormat::kZ12); ++pipe)
-            for (int s : {1, 2})
-              for (int rb = 1; rb <= 4; rb *= 2) {
-                const KernelConfig c{WeightFormat::kZ12, nw, ug, nb, pipe, s, rb};
-                if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
-              }
+    const std::vector<KernelConfig> configs =
+        ValidConfigs(WeightFormat::kZ12, n, k, {2, 4, 6, 8, 16}, {1, 2});
     auto arch = internal::DeviceArch(0);
     ASSERT_TRUE(arch.ok());
     ASSERT_TRUE(PrecompileAll(internal::DistinctKernels(configs), *arch, 0).ok());
@@ -584,16 +585,8 @@ TEST(Gemv, GroupMajorMatchesBlockMajorBitForBit) {
     ASSERT_EQ(block.dm.order(), WeightOrder::kBlockMajor);
     ASSERT_EQ(group.dm.order(), WeightOrder::kGroupMajor);
     ASSERT_EQ(group.dm.format(), WeightFormat::kZ12);
-    std::vector<KernelConfig> configs;
-    for (int nw : {1, 2, 3, 4, 7, 8, 16})
-      for (int ug : {1, 2, 4})
-        for (int nb = 1; nb <= 4; ++nb)
-          for (int pipe = 0; pipe <= MaxPipe(WeightFormat::kZ12); ++pipe)
-            for (int s : {1, 2, 4})
-              for (int rb = 1; rb <= 4; rb *= 2) {
-                const KernelConfig c{WeightFormat::kZ12, nw, ug, nb, pipe, s, rb};
-                if (Validate(c, GemvShape{1, n, k}).ok()) configs.push_back(c);
-              }
+    std::vector<KernelConfig> configs =
+        ValidConfigs(WeightFormat::kZ12, n, k, {1, 2, 3, 4, 7, 8, 16}, {1, 2, 4});
     // A fresh sample of the space each run (all of it would be ~1000 more kernels to compile).
     std::shuffle(configs.begin(), configs.end(), rng);
     configs.resize(std::min(configs.size(), shape.sample));
