@@ -68,6 +68,14 @@ constexpr int64_t kSuite[][2] = {{4096, 8192},  {6144, 4096},  {4096, 4096}, {28
                                  {4096, 14336}, {10240, 8192}, {8192, 28672}};
 constexpr WeightFormat kFormats[] = {WeightFormat::kZ12, WeightFormat::kBf16};
 
+// The suite's shapes whose 12-bit rows are group-major, where that order measured faster
+// (tuned_table.cc); their block-major rows are kept beside them.
+bool GroupMajorInTable(int64_t n, int64_t k) {
+  static const std::set<std::pair<int64_t, int64_t>> kShapes = {
+      {4096, 8192}, {28672, 4096}, {4096, 14336}, {10240, 8192}, {8192, 28672}};
+  return kShapes.count({n, k}) > 0;
+}
+
 using jit_test::ScopedEnv;
 using jit_test::TempDir;
 using testing::ReadAll;
@@ -609,12 +617,10 @@ TEST(BuiltinTableTest, CoversTheSuiteOncePerFormatOrderAndM) {
     EXPECT_EQ(c.arch, "sm_90");
     count[{static_cast<int>(c.format), static_cast<int>(c.config.order), c.m, c.n, c.k}]++;
   }
-  const std::set<std::pair<int64_t, int64_t>> group = {
-      {4096, 8192}, {28672, 4096}, {4096, 14336}, {10240, 8192}, {8192, 28672}};
   size_t expected = 0;
   for (WeightFormat f : kFormats) {
     for (const auto& nk : kSuite) {
-      const bool g = group.count({nk[0], nk[1]}) > 0;
+      const bool g = GroupMajorInTable(nk[0], nk[1]);
       for (int64_t m : {1, 8, 16, 24, 32}) {
         for (WeightOrder o : {WeightOrder::kBlockMajor, WeightOrder::kGroupMajor}) {
           const bool present =
@@ -1594,14 +1600,10 @@ TEST_F(ChooseConfigTest, TheDispatcherFollowsTheMatrixOrder) {
       EXPECT_EQ(c.config.order, WeightOrder::kBlockMajor) << c.config.ToString();
     }
   }
-  // The suite's measured orders (tuned_table.cc): group-major where it won, with the block-major
-  // rows kept.
-  const std::set<std::pair<int64_t, int64_t>> group = {
-      {4096, 8192}, {28672, 4096}, {4096, 14336}, {10240, 8192}, {8192, 28672}};
   for (const auto& [key, ms] : rows) {
     const auto& [arch, format, n, k, order] = key;
     const WeightOrder preferred =
-        group.count({n, k}) > 0 ? WeightOrder::kGroupMajor : WeightOrder::kBlockMajor;
+        GroupMajorInTable(n, k) ? WeightOrder::kGroupMajor : WeightOrder::kBlockMajor;
     const bool above_16 = format == static_cast<int>(WeightFormat::kZ12) &&
                           order == static_cast<int>(preferred);
     const std::set<int64_t> want =
@@ -1609,7 +1611,7 @@ TEST_F(ChooseConfigTest, TheDispatcherFollowsTheMatrixOrder) {
     EXPECT_EQ(ms, want) << n << "x" << k << " format " << format << " order " << order;
   }
   for (const auto& nk : kSuite) {
-    const bool g = group.count({nk[0], nk[1]}) > 0;
+    const bool g = GroupMajorInTable(nk[0], nk[1]);
     EXPECT_EQ(PreferredOrder("sm_90", nk[0], nk[1]),
               g ? WeightOrder::kGroupMajor : WeightOrder::kBlockMajor)
         << nk[0] << "x" << nk[1];
