@@ -1,5 +1,6 @@
 // The read-bandwidth ceiling that `gemvz bench` compares the GEMVs with: streams a buffer once
-// through the same non-allocating read-only path the GEMV kernels use, and nothing else.
+// through the same non-allocating read-only path the GEMV kernels use, and nothing else. The
+// bench times a few (UNROLL, THREADS, blocks) forms of it and takes the fastest (bench_gpu.cc).
 #pragma once
 
 #include "common.cuh"
@@ -13,16 +14,17 @@ __device__ __forceinline__ unsigned fold(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w
 
 }  // namespace gemvz_probe
 
-// Grid-stride over n 16-byte units: thread i reads units i, i + stride, ... with UNROLL loads in
-// flight. Every thread folds what it read into one word and each block stores the XOR of its
-// threads to sink[blockIdx.x], so no load is dead and no two blocks contend for one address.
-template <int UNROLL>
-__global__ void __launch_bounds__(512) gemvz_bandwidth_probe(const uint4* __restrict__ src,
+// Grid-stride over n 16-byte units in blocks of THREADS threads: thread i reads units i,
+// i + stride, ... with UNROLL loads in flight. Every thread folds what it read into one word and
+// each block stores the XOR of its threads to sink[blockIdx.x], so no load is dead and no two
+// blocks contend for one address.
+template <int UNROLL, int THREADS>
+__global__ void __launch_bounds__(THREADS) gemvz_bandwidth_probe(const uint4* __restrict__ src,
                                                              long long n,
                                                              unsigned* __restrict__ sink) {
   using namespace gemvz_probe;
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long long stride = static_cast<long long>(gridDim.x) * THREADS;
+  long long i = static_cast<long long>(blockIdx.x) * THREADS + threadIdx.x;
   unsigned acc = 0;
   for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
     uint4 v[UNROLL];
@@ -34,14 +36,14 @@ __global__ void __launch_bounds__(512) gemvz_bandwidth_probe(const uint4* __rest
   for (; i < n; i += stride) acc ^= fold(ld_stream(src + i));  // the last partial sweep
 
   // Block XOR: warps by shuffle, then the warps' words through shared memory.
-  __shared__ unsigned warp_acc[512 / 32];
+  __shared__ unsigned warp_acc[THREADS / 32];
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
   if ((threadIdx.x & 31) == 0) warp_acc[threadIdx.x >> 5] = acc;
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned b = 0;
-    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); w++) b ^= warp_acc[w];
+    for (int w = 0; w < THREADS / 32; w++) b ^= warp_acc[w];
     sink[blockIdx.x] = b;
   }
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -698,23 +699,29 @@ TEST(PlotSpeedups, DrawsAPngWhenGnuplotIsInstalled) {
 
 // bench launches kernel_sources/bandwidth_probe.cuh through GetKernelByName; compiling it needs no
 // GPU, so its source, name expression and load path are checked here, where CI runs.
-TEST(BandwidthProbeKernel, CompilesToStreamingLoadsWithoutSpills) {
+TEST(BandwidthProbeKernel, EveryFormCompilesToStreamingLoadsWithoutSpills) {
   internal::KernelCacheOptions options;
   options.disk_directory = "";  // memory only: the user's cache is not touched
   internal::KernelCache cache(options);
-  internal::CompileRequest request;
-  request.arch = "sm_90";
-  request.source_file = "bandwidth_probe.cuh";
-  request.name_expression = "gemvz_bandwidth_probe<4>";
-  request.kernel_name = "bandwidth_probe.cuh:gemvz_bandwidth_probe<4>";
-  absl::StatusOr<std::shared_ptr<const internal::CompiledKernel>> kernel = cache.Get(request);
-  ASSERT_TRUE(kernel.ok()) << kernel.status();
-  EXPECT_FALSE((*kernel)->cubin.empty());
-  EXPECT_NE((*kernel)->lowered_name.find("gemvz_bandwidth_probe"), std::string::npos);
-  EXPECT_NE((*kernel)->ptx.find("ld.global.nc.L1::no_allocate.v4.u32"), std::string::npos);
-  EXPECT_EQ((*kernel)->spill_bytes, 0);
-  EXPECT_GT((*kernel)->registers, 0);
-  EXPECT_LE((*kernel)->registers, 128);  // 512 threads per block must fit
+  ASSERT_FALSE(ProbeForms().empty());
+  std::set<std::string> names;
+  for (const ProbeForm& form : ProbeForms()) {
+    SCOPED_TRACE(form.Name());
+    EXPECT_TRUE(names.insert(form.Name()).second) << "a form listed twice";
+    internal::CompileRequest request;
+    request.arch = "sm_90";
+    request.source_file = "bandwidth_probe.cuh";
+    request.name_expression = form.NameExpression();
+    request.kernel_name = "bandwidth_probe.cuh:" + form.NameExpression();
+    absl::StatusOr<std::shared_ptr<const internal::CompiledKernel>> kernel = cache.Get(request);
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    EXPECT_FALSE((*kernel)->cubin.empty());
+    EXPECT_NE((*kernel)->lowered_name.find("gemvz_bandwidth_probe"), std::string::npos);
+    EXPECT_NE((*kernel)->ptx.find("ld.global.nc.L1::no_allocate.v4.u32"), std::string::npos);
+    EXPECT_EQ((*kernel)->spill_bytes, 0);
+    EXPECT_GT((*kernel)->registers, 0);
+    EXPECT_LE((*kernel)->registers * form.threads, 65536) << "a block must fit an SM's registers";
+  }
 }
 
 }  // namespace

@@ -416,6 +416,12 @@ TEST_F(CliTest, BenchNeedsAGpuOrWritesTheDocumentedJson) {
     for (const char* path : {"z12", "plain", "cublas", "probe", "probe_z12"}) {
       EXPECT_GT(c["paths"][path]["time_us"].get<double>(), 0) << path;
     }
+    // Both probes name the fastest of the read kernel's forms.
+    for (const char* path : {"probe", "probe_z12"}) {
+      const std::string kernel = c["paths"][path]["kernel"].get<std::string>();
+      EXPECT_TRUE(kernel == "u2.t256.b8" || kernel == "u4.t256.b8" || kernel == "u8.t1024.b2")
+          << path << ": " << kernel;
+    }
     // The bound's probe reads the packed weights' bytes: fewer than the BF16 probe's.
     EXPECT_LT(c["paths"]["probe_z12"]["bytes"].get<int64_t>(),
               c["paths"]["probe"]["bytes"].get<int64_t>());

@@ -131,10 +131,10 @@ TEST_F(JitGpuTest, DiskHitToLoadedFunctionTime) {
 TEST_F(JitGpuTest, ToolKernelsLoadByName) {
   TempDir dir;
   jit_test::ScopedEnv cache_dir("GEMVZ_CACHE_DIR", dir.path());
-  auto k = GetKernelByName(0, "bandwidth_probe.cuh", "gemvz_bandwidth_probe<4>");
+  auto k = GetKernelByName(0, "bandwidth_probe.cuh", "gemvz_bandwidth_probe<4, 256>");
   ASSERT_TRUE(k.ok()) << k.status();
   EXPECT_NE(k->function, nullptr);
-  auto again = GetKernelByName(0, "bandwidth_probe.cuh", "gemvz_bandwidth_probe<4>");
+  auto again = GetKernelByName(0, "bandwidth_probe.cuh", "gemvz_bandwidth_probe<4, 256>");
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->function, k->function);
   auto missing = GetKernelByName(0, "no_such.cuh", "k<1>");

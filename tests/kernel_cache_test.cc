@@ -476,7 +476,7 @@ TEST(KernelCacheTest, GpuEntryPointsWithoutDriverSayWhy) {
   EXPECT_EQ(cache.counters().compiles, 0) << "no compile for a launch that cannot happen";
   auto arch = DeviceArch(0);
   EXPECT_FALSE(arch.ok());
-  auto by_name = GetKernelByName(0, "bandwidth_probe.cuh", "gemvz_bandwidth_probe<4>");
+  auto by_name = GetKernelByName(0, "bandwidth_probe.cuh", "gemvz_bandwidth_probe<4, 256>");
   EXPECT_FALSE(by_name.ok());
   // Compiling still works.
   EXPECT_TRUE(cache.GetForConfig(KernelConfig{}, "sm_90").ok());

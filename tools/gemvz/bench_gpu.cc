@@ -26,8 +26,6 @@
 namespace gemvz::cli {
 namespace {
 
-constexpr int kProbeThreads = 512;  // the kernel's __launch_bounds__
-constexpr int kProbeBlocksPerSm = 4;
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -382,22 +380,62 @@ absl::Status Cublas::GemmBf16(CUdeviceptr w, CUdeviceptr x, CUdeviceptr out, int
 
 absl::StatusOr<BandwidthProbe> BandwidthProbe::Load(const GpuSession& session) {
   BandwidthProbe probe;
-  ASSIGN_OR_RETURN(internal::LoadedKernel kernel,
-                   internal::GetKernelByName(session.info().device, "bandwidth_probe.cuh",
-                                             "gemvz_bandwidth_probe<4>"));
-  probe.function_ = kernel.function;
-  probe.blocks_ = std::max(1, session.info().limits.sm_count * kProbeBlocksPerSm);
-  ASSIGN_OR_RETURN(DeviceBuffer sink, DeviceBuffer::Allocate(sizeof(unsigned) * probe.blocks_));
+  int max_blocks = 1;
+  for (const ProbeForm& form : ProbeForms()) {
+    ASSIGN_OR_RETURN(internal::LoadedKernel kernel,
+                     internal::GetKernelByName(session.info().device, "bandwidth_probe.cuh",
+                                               form.NameExpression()));
+    Kernel k;
+    k.name = form.Name();
+    k.function = kernel.function;
+    k.blocks = std::max(1, session.info().limits.sm_count * form.blocks_per_sm);
+    k.threads = form.threads;
+    max_blocks = std::max(max_blocks, k.blocks);
+    probe.kernels_.push_back(std::move(k));
+  }
+  ASSIGN_OR_RETURN(DeviceBuffer sink, DeviceBuffer::Allocate(sizeof(unsigned) * max_blocks));
   probe.sink_ = std::make_shared<DeviceBuffer>(std::move(sink));
+  RETURN_IF_ERROR(probe.CheckForms(session.stream()));
   return probe;
 }
 
-absl::Status BandwidthProbe::Launch(CUdeviceptr src, int64_t bytes, CUstream stream) const {
+// Every form must read every word once: the XOR of its blocks' words is the XOR of the buffer.
+// An odd size (not a whole number of any form's sweeps) takes each form through its tail loop.
+absl::Status BandwidthProbe::CheckForms(CUstream stream) const {
+  constexpr int64_t kBytes = (int64_t{3} << 20) + 48;
+  std::vector<uint32_t> words(kBytes / 4);
+  uint32_t want = 0, state = 0x9e3779b9u;
+  for (uint32_t& w : words) {
+    state = state * 1664525u + 1013904223u;
+    w = state ^ (state >> 13);
+    want ^= w;
+  }
+  ASSIGN_OR_RETURN(DeviceBuffer src, DeviceBuffer::Allocate(kBytes));
+  CU_RETURN_IF_ERROR(cuMemcpyHtoD(src.ptr(), words.data(), kBytes));
+  for (int kernel = 0; kernel < kernel_count(); ++kernel) {
+    std::vector<uint32_t> sink(kernels_[kernel].blocks);
+    RETURN_IF_ERROR(Launch(kernel, src.ptr(), kBytes, stream));
+    CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));
+    CU_RETURN_IF_ERROR(cuMemcpyDtoH(sink.data(), sink_->ptr(), sink.size() * 4));
+    uint32_t got = 0;
+    for (uint32_t w : sink) got ^= w;
+    if (got != want) {
+      return absl::InternalError(
+          absl::StrFormat("bandwidth probe %s read %d bytes wrongly: XOR %08x, want %08x",
+                          kernel_name(kernel), kBytes, got, want));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BandwidthProbe::Launch(int kernel, CUdeviceptr src, int64_t bytes,
+                                    CUstream stream) const {
+  const Kernel& k = kernels_.at(kernel);
   long long units = bytes / 16;
   CUdeviceptr sink = sink_->ptr();
   void* args[] = {&src, &units, &sink};
-  CU_RETURN_IF_ERROR(cuLaunchKernel(function_, blocks_, 1, 1, kProbeThreads, 1, 1, 0, stream, args,
-                                    nullptr));
+  CU_RETURN_IF_ERROR(
+      cuLaunchKernel(k.function, k.blocks, 1, 1, k.threads, 1, 1, 0, stream, args, nullptr));
   return absl::OkStatus();
 }
 
@@ -606,8 +644,9 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
     const int64_t io_bytes = ActivationBytes(m, shape);
 
     // The GEMVs are checked and captured, then all paths are timed together (GraphTimer): z12,
-    // plain, cuBLAS, and the probe over the BF16 bytes (the ceiling, on the very buffers cuBLAS
-    // reads) and over the 12-bit weights' bytes (the streaming bound), replay by replay in turn.
+    // plain, cuBLAS, and the probe's forms over the BF16 bytes (the ceiling, on the very buffers
+    // cuBLAS reads) and over the 12-bit weights' bytes (the streaming bound), replay by replay in
+    // turn.
     Progress(absl::StrFormat("[bench] %s m=%d: checking z12 (%s, %s), plain BF16 (%s), cuBLAS",
                              label, m, c.config, c.config_source, c.plain_config));
     GraphTimer timer(stream);
@@ -626,29 +665,39 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
     int launches = 0;  // the probes' and cuBLAS's: whole rotations of the raw copies
     ASSIGN_OR_RETURN(const int blas_graph,
                      work->CaptureRotated(&timer, raw_copies, tools.timing, blas_on, &launches));
-    auto probe_over = [&](int64_t bytes) {
-      return
-          [&, bytes](int copy) { return tools.probe->Launch((*raw)[copy].ptr(), bytes, stream); };
-    };
-    ASSIGN_OR_RETURN(
-        const int probe_graph,
-        work->CaptureRotated(&timer, raw_copies, tools.timing, probe_over(bf16_bytes), &launches));
-    int bound_graph = -1;
-    if (packed) {
-      ASSIGN_OR_RETURN(bound_graph, work->CaptureRotated(&timer, raw_copies, tools.timing,
-                                                         probe_over(z12_weight_bytes), &launches));
+    // Each probe form over the BF16 bytes and (packed) over the 12-bit weights' bytes.
+    const int forms = tools.probe->kernel_count();
+    std::vector<int> probe_graphs, bound_graphs;
+    for (int form = 0; form < forms; ++form) {
+      for (const bool bound : {false, true}) {
+        if (bound && !packed) continue;
+        const int64_t bytes = bound ? z12_weight_bytes : bf16_bytes;
+        auto read = [&, form, bytes](int copy) {
+          return tools.probe->Launch(form, (*raw)[copy].ptr(), bytes, stream);
+        };
+        ASSIGN_OR_RETURN(const int graph,
+                         work->CaptureRotated(&timer, raw_copies, tools.timing, read, &launches));
+        (bound ? bound_graphs : probe_graphs).push_back(graph);
+      }
     }
     ASSIGN_OR_RETURN(const std::vector<double> us, timer.MedianMicros(tools.timing));
+    // The fastest form, and its name.
+    auto fastest = [&](const std::vector<int>& graphs, int64_t bytes) {
+      int best = 0;
+      for (int form = 1; form < static_cast<int>(graphs.size()); ++form) {
+        if (us[graphs[form]] < us[graphs[best]]) best = form;
+      }
+      return TimedPath{us[graphs[best]], BandwidthProbe::BytesRead(bytes), -1, false,
+                       tools.probe->kernel_name(best)};
+    };
 
     c.z12 = {us[zr.graph], z0.weight_bytes() + io_bytes, zr.check.max_ratio, zr.check.ok()};
     c.launches_z12 = zr.launches;
     c.plain = {us[pr.graph], (*p)[0].weight_bytes() + io_bytes, pr.check.max_ratio, pr.check.ok()};
     c.launches_bf16 = pr.launches;
     c.cublas = {us[blas_graph], bf16_bytes + io_bytes, blas_check.max_ratio, blas_check.ok()};
-    c.probe = {us[probe_graph], BandwidthProbe::BytesRead(bf16_bytes), -1, false};
-    if (bound_graph >= 0) {
-      c.probe_z12 = {us[bound_graph], BandwidthProbe::BytesRead(z12_weight_bytes), -1, false};
-    }
+    c.probe = fastest(probe_graphs, bf16_bytes);
+    if (packed) c.probe_z12 = fastest(bound_graphs, z12_weight_bytes);
 
     const ErrorCheck z_vs_blas = CheckPair(zr.result.data(), blas_result.data(), m, work->reference());
     const ErrorCheck p_vs_blas = CheckPair(pr.result.data(), blas_result.data(), m, work->reference());

@@ -146,17 +146,31 @@ class Cublas {
   int version_ = 0;
 };
 
-// The read-only bandwidth kernel (kernel_sources/bandwidth_probe.cuh), compiled at first use.
+// The read-only bandwidth kernels (kernel_sources/bandwidth_probe.cuh), compiled at first use:
+// a few forms of one grid-stride kernel, since no one form reads fastest at every size (at 25 MB
+// two loads in flight per thread beat four by 2-3 %, at 352 MB eight beat four by 0.1-0.5 %;
+// docs/BENCHMARKS.md, "The ceiling: how fast can a read kernel go"). The bench times each form
+// and takes the fastest. Load checks that every form reads every word.
 class BandwidthProbe {
  public:
   static absl::StatusOr<BandwidthProbe> Load(const GpuSession& session);
-  // Streams floor(bytes / 16) * 16 bytes from `src` once.
-  absl::Status Launch(CUdeviceptr src, int64_t bytes, CUstream stream) const;
+  int kernel_count() const { return static_cast<int>(kernels_.size()); }
+  // "u4.t256.b8": UNROLL loads in flight per thread, threads per block, blocks per SM.
+  const std::string& kernel_name(int kernel) const { return kernels_[kernel].name; }
+  // Streams floor(bytes / 16) * 16 bytes from `src` once with kernel `kernel`.
+  absl::Status Launch(int kernel, CUdeviceptr src, int64_t bytes, CUstream stream) const;
   static int64_t BytesRead(int64_t bytes) { return bytes / 16 * 16; }
 
  private:
-  CUfunction function_ = nullptr;
-  int blocks_ = 0;
+  absl::Status CheckForms(CUstream stream) const;
+
+  struct Kernel {
+    std::string name;
+    CUfunction function = nullptr;
+    int blocks = 0;
+    int threads = 0;
+  };
+  std::vector<Kernel> kernels_;
   std::shared_ptr<DeviceBuffer> sink_;  // one word per block: the XOR of what it read
 };
 

@@ -133,6 +133,7 @@ nlohmann::json PathToJson(const BenchCase& c, const TimedPath& p, bool checked) 
     j["max_err_ratio"] = p.max_err_ratio;
     j["check_ok"] = p.check_ok;
   }
+  if (!p.kernel.empty()) j["kernel"] = p.kernel;
   return j;
 }
 
@@ -374,6 +375,24 @@ ErrorCheck CheckPair(const uint16_t* a, const uint16_t* b, int64_t m, const Gemv
     *value = Bf16ToFloat(a[i]);
     *target = Bf16ToFloat(b[i]);
   });
+}
+
+std::string ProbeForm::Name() const {
+  return absl::StrFormat("u%d.t%d.b%d", unroll, threads, blocks_per_sm);
+}
+
+std::string ProbeForm::NameExpression() const {
+  return absl::StrFormat("gemvz_bandwidth_probe<%d, %d>", unroll, threads);
+}
+
+// Of 91 read kernels timed on the suite's 12-bit sizes (25-352 MB, seven runs on two H200s;
+// docs/BENCHMARKS.md, "The ceiling"), the fastest of these three was within 0.2 % of the fastest
+// of all at every size: fewer loads in flight per thread win at 25-50 MB, more above 170 MB. The
+// one form used until then (UNROLL 4, 512 threads, 4 blocks per SM) was 0.1-5 % slower.
+const std::vector<ProbeForm>& ProbeForms() {
+  static const std::vector<ProbeForm>* forms =
+      new std::vector<ProbeForm>{{2, 256, 8}, {4, 256, 8}, {8, 1024, 2}};
+  return *forms;
 }
 
 double TeraBytesPerSecond(int64_t bytes, double time_us) {

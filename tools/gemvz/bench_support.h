@@ -96,12 +96,25 @@ double TeraBytesPerSecond(int64_t bytes, double time_us);
 // Bytes a GEMV moves besides its weights: x [m, K] read and out [m, N] written, BF16.
 int64_t ActivationBytes(int64_t m, const MatrixShape& shape);
 
+// A form of the bandwidth probe's read kernel (kernel_sources/bandwidth_probe.cuh): UNROLL loads
+// in flight per thread, threads per block, blocks per SM in the grid.
+struct ProbeForm {
+  int unroll = 0;
+  int threads = 0;
+  int blocks_per_sm = 0;
+  std::string Name() const;            // "u4.t256.b8"
+  std::string NameExpression() const;  // "gemvz_bandwidth_probe<4, 256>"
+};
+// The forms `gemvz bench` times; the fastest is the ceiling (and the streaming bound).
+const std::vector<ProbeForm>& ProbeForms();
+
 // One timed path of one (shape, m).
 struct TimedPath {
   double time_us = 0;     // median time of one call
   int64_t bytes = 0;      // bytes one call must move: weights (and side tables) + x + out
   double max_err_ratio = -1;  // worst |err| / tol against the CPU reference; -1 unchecked
   bool check_ok = false;
+  std::string kernel;  // the probes: the fastest form of the read kernel ("u4.t256.b8")
   double TeraBytesPerSecond() const { return cli::TeraBytesPerSecond(bytes, time_us); }
 };
 
@@ -118,9 +131,10 @@ struct BenchCase {
   int launches_z12 = 0;       // launches per timed replay: a multiple of the path's copies
   int launches_bf16 = 0;
   TimedPath z12, plain, cublas, probe;  // probe.bytes: the buffer it streams (2 N K)
-  // The streaming bound: the same probe over as many bytes as the 12-bit weights take (a prefix
-  // of the same copies), so with its own launch, ramp and tail. A 12-bit kernel that streams no
+  // The streaming bound: the probe over as many bytes as the 12-bit weights take (a prefix of
+  // the same copies), so with its own launch, ramp and tail. A 12-bit kernel that streams no
   // faster than the probe takes at least this long. Untimed (0) when the matrix was kept plain.
+  // Both probes are the fastest of the probe's forms at their size.
   TimedPath probe_z12;
   bool pair_check_ok = false;  // the three GEMVs agree with each other (2 * tol)
 
