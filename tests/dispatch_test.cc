@@ -47,6 +47,7 @@ namespace {
 namespace fs = std::filesystem;
 using internal::Balanced;
 using internal::ChooseConfig;
+using internal::DistinctKernels;
 using internal::EvenShares;
 using internal::HeuristicConfigWithoutRowBlocks;
 using internal::HeuristicFamilyKernel;
@@ -1402,6 +1403,25 @@ TEST(SweepSpaceTest, ContainsTheTunedTableAndIsBounded) {
 
 // ----------------------------------------------------------------------------------------------
 // Warm-up defaults.
+
+TEST(DistinctKernelsTest, IgnoreSplitsAndKeepTheFirstOccurrence) {
+  KernelConfig a;
+  KernelConfig a4 = a;
+  a4.splits = 4;
+  KernelConfig b = a;
+  b.ug = 1;
+  b.splits = 3;
+  const std::vector<KernelConfig> d = DistinctKernels({a4, b, a, b});
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].KernelName(), a.KernelName());
+  EXPECT_EQ(d[0].splits, 1);
+  EXPECT_EQ(d[1].KernelName(), b.KernelName());
+  EXPECT_EQ(d[1].splits, 1);
+  // Another weight order or row-block count is another kernel.
+  KernelConfig gm = a;
+  gm.order = WeightOrder::kGroupMajor;
+  EXPECT_EQ(DistinctKernels({a, gm, a}).size(), 2u);
+}
 
 TEST(DefaultWarmupTest, DistinctKernelsOfTheTableAndTheHeuristic) {
   const std::vector<KernelConfig> warm = DefaultWarmupConfigs();

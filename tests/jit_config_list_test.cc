@@ -41,20 +41,5 @@ TEST(ConfigListTest, ErrorsNameFileAndLine) {
   EXPECT_NE(std::string(typo.status().message()).find("t.txt:2:"), std::string::npos);
 }
 
-TEST(ConfigListTest, DistinctKernelsIgnoreSplits) {
-  KernelConfig a;
-  KernelConfig a4 = a;
-  a4.splits = 4;
-  KernelConfig b = a;
-  b.ug = 1;
-  b.splits = 3;
-  const std::vector<KernelConfig> d = DistinctKernels({a4, b, a, b});
-  ASSERT_EQ(d.size(), 2u);
-  EXPECT_EQ(d[0].KernelName(), a.KernelName());
-  EXPECT_EQ(d[0].splits, 1);
-  EXPECT_EQ(d[1].KernelName(), b.KernelName());
-  EXPECT_EQ(d[1].splits, 1);
-}
-
 }  // namespace
 }  // namespace gemvz::internal

@@ -3,12 +3,14 @@
 
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "runtime/dispatch/dispatcher.h"
 
 namespace gemvz {
 namespace {
@@ -47,6 +49,20 @@ std::string KernelConfig::KernelName() const {
 }
 
 std::string KernelConfig::ToString() const { return absl::StrCat(KernelName(), ".s", splits); }
+
+namespace internal {
+
+std::vector<KernelConfig> DistinctKernels(const std::vector<KernelConfig>& configs) {
+  std::vector<KernelConfig> out;
+  absl::flat_hash_set<std::string> seen;
+  for (KernelConfig c : configs) {
+    c.splits = 1;
+    if (seen.insert(c.KernelName()).second) out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace internal
 
 std::string GemvShape::ToString() const { return absl::StrFormat("m%d.n%d.k%d", m, n, k); }
 

@@ -33,6 +33,10 @@ GemvShape LaunchShape(const GemvShape& shape, const KernelConfig& c);
 // The smallest NB (1..4) whose 8*NB rows cover min(m, 32).
 int TokenBlocksFor(int64_t m);
 
+// The distinct kernels of `configs` (splits ignored and set to 1: a run-time argument, one
+// compiled kernel serves every S), first occurrence first.
+std::vector<KernelConfig> DistinctKernels(const std::vector<KernelConfig>& configs);
+
 // The 12-bit kernel's warps share a K slice's trips of UG groups as evenly as whole trips go
 // (kernel_sources/k_range.cuh). For a configuration that Validate accepts for K = 64 * groups:
 // EvenShares: every warp the same trips;

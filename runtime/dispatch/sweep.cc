@@ -64,12 +64,8 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
 }
 
 std::vector<KernelConfig> DefaultWarmupConfigs() {
-  std::vector<KernelConfig> out;
-  absl::flat_hash_set<std::string> seen;
-  auto add = [&](KernelConfig c) {
-    c.splits = 1;  // a run-time argument: one compiled kernel serves every S
-    if (seen.insert(c.KernelName()).second) out.push_back(c);
-  };
+  std::vector<KernelConfig> all;
+  auto add = [&](const KernelConfig& c) { all.push_back(c); };
   // The table's rows (m = 17..32 on the suite come from its m = 24 and 32 rows, in each shape's
   // default order), then the heuristic's choices below them.
   for (const TunedChoice& choice : BuiltinTunedTable()) add(choice.config);
@@ -83,7 +79,7 @@ std::vector<KernelConfig> DefaultWarmupConfigs() {
   for (const internal::HeuristicFamilyKernel& k : internal::HeuristicFamilyKernels()) {
     add(k.config);
   }
-  return out;
+  return internal::DistinctKernels(all);
 }
 
 }  // namespace gemvz

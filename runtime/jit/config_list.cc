@@ -1,7 +1,6 @@
 // Configuration lists (see config_list.h).
 #include "runtime/jit/config_list.h"
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -27,16 +26,6 @@ absl::StatusOr<std::vector<KernelConfig>> ParseConfigList(std::string_view text,
           absl::StrCat(std::string(source_name), ":", line_number, ": ", c.status().message()));
     }
     out.push_back(*c);
-  }
-  return out;
-}
-
-std::vector<KernelConfig> DistinctKernels(const std::vector<KernelConfig>& configs) {
-  std::vector<KernelConfig> out;
-  absl::flat_hash_set<std::string> seen;
-  for (KernelConfig c : configs) {
-    c.splits = 1;
-    if (seen.insert(c.KernelName()).second) out.push_back(c);
   }
   return out;
 }

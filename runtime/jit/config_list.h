@@ -15,7 +15,4 @@ namespace gemvz::internal {
 absl::StatusOr<std::vector<KernelConfig>> ParseConfigList(std::string_view text,
                                                           std::string_view source_name);
 
-// The distinct kernels of `configs` (splits ignored and set to 1), first occurrence first.
-std::vector<KernelConfig> DistinctKernels(const std::vector<KernelConfig>& configs);
-
 }  // namespace gemvz::internal

@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/common/file_util.h"
 #include "runtime/cuda/driver.h"
+#include "runtime/dispatch/dispatcher.h"
 #include "runtime/jit/config_list.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tools/gemvz/command.h"
