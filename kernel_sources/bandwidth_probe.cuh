@@ -1,6 +1,7 @@
 // The read-bandwidth ceiling that `gemvz bench` compares the GEMVs with: streams a buffer once
 // through the same non-allocating read-only path the GEMV kernels use, and nothing else. The
-// bench times a few (UNROLL, THREADS, blocks) forms of it and takes the fastest (bench_gpu.cc).
+// bench times a few (UNROLL, THREADS, blocks) forms of it and takes the fastest (ProbeForms in
+// tools/gemvz/bench_support.cc).
 #pragma once
 
 #include "common.cuh"
