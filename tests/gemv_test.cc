@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -460,6 +461,108 @@ TEST(Gemv, GraphCaptureAndReplay) {
     testing::Synchronize();
     ASSERT_EQ(api.cuGraphLaunch(exec, stream), CUDA_SUCCESS);
     ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
+    std::vector<uint16_t> got(m * n);
+    dout.Download(got.data(), got.size() * 2);
+    EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "") << "replay " << replay;
+  }
+  api.cuGraphExecDestroy(exec);
+  api.cuGraphDestroy(graph);
+  api.cuStreamDestroy(stream);
+}
+
+// A graph captured while the stream's workspace was small must replay correctly after a later
+// call on that stream grows it. Outgrown buffers used to be freed: the graph's split-K partials
+// and semaphores then lay in freed memory (an illegal address in `gemvz tune`'s 1675-graph sweep
+// on 4096x4096 at m = 16), or in a new allocation that someone else filled. The test reads the
+// buffers that the captured kernel was given and checks that they are still the allocations they
+// were; then it fills buffers of the old sizes with ones (semaphores read from such memory would
+// never name a last CTA, and the poisoned output would stay) and replays.
+TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 1024, k = 4096, m = 8;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  // 2048 row blocks at S = 4, NB 2: 8 MiB of partials and 8 KiB of semaphores, where the graph's
+  // call (64 row blocks, S = 2, NB 1) needs 64 KiB and 256 bytes (4 KiB allocated).
+  const int64_t big_n = 32768, big_k = 1024;
+  const Problem big = Problem::Make(
+      big_n, big_k, testing::RandomMatrix(big_n, big_k, Distribution::kNormal, seed + 1));
+  auto x = testing::RandomActivations(m, k, seed);
+  auto big_x = testing::RandomActivations(16, big_k, seed + 2);
+  DeviceBuffer dx(x.size() * 2), dout(m * n * 2), big_dx(big_x.size() * 2),
+      big_dout(16 * big_n * 2);
+  dx.Upload(x.data(), x.size() * 2);
+  big_dx.Upload(big_x.data(), big_x.size() * 2);
+  CUstream stream;
+  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};
+  ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt).ok());
+  ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
+  CUgraph graph;
+  CUgraphExec exec;
+  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt).ok());
+  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuGraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
+  // The graph's one kernel node and the workspace pointers in its Z12Params.
+  size_t nodes = 1;
+  CUgraphNode node;
+  ASSERT_EQ(api.cuGraphGetNodes(graph, &node, &nodes), CUDA_SUCCESS);
+  ASSERT_EQ(nodes, 1u);
+  CUDA_KERNEL_NODE_PARAMS kp;
+  std::memset(&kp, 0, sizeof(kp));
+  ASSERT_EQ(api.cuGraphKernelNodeGetParams(node, &kp), CUDA_SUCCESS);
+  ASSERT_NE(kp.kernelParams, nullptr);
+  const Z12Params captured = *static_cast<const Z12Params*>(kp.kernelParams[0]);
+  ASSERT_NE(captured.ws, nullptr);
+  ASSERT_NE(captured.sem, nullptr);
+  // The allocation (start, size) that holds `p`; start 0 when none does.
+  auto allocation = [&](const void* p) {
+    CUdeviceptr start = 0;
+    size_t size = 0;
+    const auto ptr = reinterpret_cast<CUdeviceptr>(p);
+    if (api.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr) !=
+            CUDA_SUCCESS ||
+        api.cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr) != CUDA_SUCCESS) {
+      return std::pair<CUdeviceptr, size_t>{0, 0};
+    }
+    return std::pair<CUdeviceptr, size_t>{start, size};
+  };
+  const auto ws_before = allocation(captured.ws), sem_before = allocation(captured.sem);
+  ASSERT_NE(ws_before.first, 0u);
+  ASSERT_NE(sem_before.first, 0u);
+
+  // The growth: a larger split-K call on the same stream, checked too.
+  const GemvOptions big_opt{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4}};
+  big_dout.Fill16(kPoison);
+  ASSERT_TRUE(
+      Gemv(big.dm, big_dx.as<uint16_t>(), 16, big_dout.as<uint16_t>(), stream, big_opt).ok());
+  ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
+  {
+    std::vector<uint16_t> got(16 * big_n);
+    big_dout.Download(got.data(), got.size() * 2);
+    std::vector<double> ref, abs_sum;
+    testing::ReferenceGemv(big.w, big_x, 16, big_n, big_k, &ref, &abs_sum);
+    ASSERT_EQ(testing::CompareToReference(got, ref, abs_sum, 16, big_n), "");
+  }
+  EXPECT_EQ(allocation(captured.ws), ws_before) << "the graph's split-K partials were freed";
+  EXPECT_EQ(allocation(captured.sem), sem_before) << "the graph's semaphores were freed";
+  std::vector<std::unique_ptr<DeviceBuffer>> squatters;
+  for (const size_t bytes : {size_t{4096}, size_t{65536}}) {
+    for (int i = 0; i < 8; ++i) {
+      squatters.push_back(std::make_unique<DeviceBuffer>(bytes));
+      squatters.back()->Fill16(0xFFFF);
+    }
+  }
+
+  std::vector<double> ref, abs_sum;
+  testing::ReferenceGemv(p.w, x, m, n, k, &ref, &abs_sum);
+  for (int replay = 0; replay < 3; ++replay) {
+    dout.Fill16(kPoison);
+    testing::Synchronize();
+    ASSERT_EQ(api.cuGraphLaunch(exec, stream), CUDA_SUCCESS);
+    ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS) << "replay " << replay;
     std::vector<uint16_t> got(m * n);
     dout.Download(got.data(), got.size() * 2);
     EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "") << "replay " << replay;

@@ -65,7 +65,9 @@ namespace gemvz::internal {
   X(cuGraphInstantiate)           \
   X(cuGraphLaunch)                \
   X(cuGraphDestroy)               \
-  X(cuGraphExecDestroy)
+  X(cuGraphExecDestroy)           \
+  X(cuGraphGetNodes)              \
+  X(cuGraphKernelNodeGetParams)
 
 // Entry points the library can do without: null when the driver lacks them (cuLaunchKernelEx
 // needs a CUDA 12 driver; without it GEMVs launch without programmatic dependent launch).

@@ -2,7 +2,9 @@
 // JIT-compiled kernel, take this stream's workspace, launch one kernel per chunk of m.
 #include "gemvz/gemv.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -30,6 +32,10 @@ struct Workspace {
   size_t sem_bytes = 0;
   CUdeviceptr xpad = 0;
   size_t xpad_bytes = 0;
+  // Outgrown buffers, never freed: a CUDA graph captured before a growth still launches kernels
+  // that use them (freeing them made such replays read and write freed memory). Each growth at
+  // least doubles a buffer, so together they stay smaller than the buffers in use.
+  std::vector<CUdeviceptr> retired;
 };
 
 absl::Mutex workspace_mu(absl::kConstInit);
@@ -38,22 +44,34 @@ absl::flat_hash_map<std::pair<CUcontext, CUstream>, Workspace*>& Workspaces() {
   return *m;
 }
 
-// Grows `buf` to at least `bytes`. Growth during graph capture is refused: an allocation there
-// would not be replayed. `zero` clears new memory (semaphores must start at zero).
-absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, bool capturing) {
+// Grows `buf` to at least `bytes` (at least doubling it), retiring the old buffer into
+// `retired` rather than freeing it. Growth during graph capture is refused: an allocation there
+// would not be replayed. `zero` clears new memory (semaphores must start at zero) on `stream`,
+// ahead of the kernel that will use it (a plain cuMemsetD8 goes to the legacy default stream,
+// which a non-blocking stream does not wait for). On failure `buf` is unchanged.
+absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, bool capturing,
+                    CUstream stream, std::vector<CUdeviceptr>* retired) {
   if (have >= bytes) return absl::OkStatus();
   if (capturing) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Gemv needs a larger workspace (", bytes, " bytes) while the stream is being captured; "
         "run the same call once on this stream before capturing it"));
   }
-  CU_RETURN_IF_ERROR(cuCtxSynchronize());  // the old buffer may still be in use
-  if (buf != 0) CU_RETURN_IF_ERROR(cuMemFree(buf));
-  buf = 0;
-  have = 0;
-  const size_t alloc = std::max<size_t>(bytes, 4096);
-  CU_RETURN_IF_ERROR(cuMemAlloc(&buf, alloc));
-  if (zero) CU_RETURN_IF_ERROR(cuMemsetD8(buf, 0, alloc));
+  const size_t alloc = std::max({bytes, 2 * have, size_t{4096}});
+  CUdeviceptr fresh = 0;
+  CU_RETURN_IF_ERROR(cuMemAlloc(&fresh, alloc));
+  if (zero) {
+    const absl::Status st = [&]() -> absl::Status {
+      CU_RETURN_IF_ERROR(cuMemsetD8Async(fresh, 0, alloc, stream));
+      return absl::OkStatus();
+    }();
+    if (!st.ok()) {
+      (*Driver())->cuMemFree(fresh);  // nothing was enqueued; Driver() worked for the allocation
+      return st;
+    }
+  }
+  if (buf != 0) retired->push_back(buf);
+  buf = fresh;
   have = alloc;
   return absl::OkStatus();
 }
@@ -177,16 +195,16 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
   if (config.splits > 1) {
     const size_t ws_bytes =
         static_cast<size_t>(row_blocks) * config.splits * config.nb * 32 * 16;
-    RETURN_IF_ERROR(Ensure(ws->ws, ws->ws_bytes, ws_bytes, false, capturing));
+    RETURN_IF_ERROR(Ensure(ws->ws, ws->ws_bytes, ws_bytes, false, capturing, stream, &ws->retired));
     RETURN_IF_ERROR(Ensure(ws->sem, ws->sem_bytes, static_cast<size_t>(row_blocks) * 4, true,
-                           capturing));
+                           capturing, stream, &ws->retired));
   }
   // Plain BF16 with K not a multiple of 64: x is copied into a zero-padded [m, K64] buffer.
   const uint16_t* xk = x;
   int64_t ldx = s.cols;
   if (s.format == WeightFormat::kBf16 && k64 != s.cols) {
     RETURN_IF_ERROR(Ensure(ws->xpad, ws->xpad_bytes, static_cast<size_t>(m * k64 * 2), false,
-                           capturing));
+                           capturing, stream, &ws->retired));
     CU_RETURN_IF_ERROR(cuMemsetD8Async(ws->xpad, 0, static_cast<size_t>(m * k64 * 2), stream));
     CUDA_MEMCPY2D c;
     std::memset(&c, 0, sizeof(c));
