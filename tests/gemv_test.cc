@@ -24,6 +24,7 @@
 #include "runtime/jit/config_list.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tests/support/gpu_util.h"
+#include "tests/support/jit_test_util.h"
 #include "tests/support/random_weights.h"
 
 namespace gemvz {
@@ -570,6 +571,39 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
   api.cuGraphExecDestroy(exec);
   api.cuGraphDestroy(graph);
   api.cuStreamDestroy(stream);
+}
+
+// GEMVZ_AUTOTUNE=1: on the first call for a shape that no table knows, Gemv times candidates on
+// the real matrix, runs the winner (right results), and saves it to the tuning file, where the
+// dispatcher, like a later process, finds it.
+TEST(Gemv, AutotuneOnFirstUsePersistsTheWinner) {
+  GEMVZ_REQUIRE_GPU();
+  jit_test::TempDir dir;
+  const std::string file = dir.path() + "/tuning.json";
+  jit_test::ScopedEnv autotune("GEMVZ_AUTOTUNE", "1"), cap("GEMVZ_AUTOTUNE_MAX", "6"),
+      tuning_file("GEMVZ_TUNING_FILE", file);
+  internal::InvalidateTuningFileCache();  // read the (absent) temporary file, not the user's
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 3072, k = 2048, m = 5;  // no table has 3072x2048
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  absl::StatusOr<GemvPlan> before = internal::PlanGemvInternal(p.dm, m, {}, false);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->source, "heuristic");
+  EXPECT_EQ(p.Check(m, {}, seed), "");  // the first call tunes, then runs the winner
+
+  absl::StatusOr<std::vector<TunedChoice>> saved = LoadTunedChoices();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  ASSERT_EQ(saved->size(), 1u) << "the winner should be in " << file;
+  const TunedChoice& entry = (*saved)[0];
+  EXPECT_EQ(entry.n, n);
+  EXPECT_EQ(entry.k, k);
+  EXPECT_GT(entry.time_us, 0);
+  absl::StatusOr<GemvPlan> after = PlanGemv(p.dm, m);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->source, "tuning-file");
+  EXPECT_EQ(after->config, entry.config);
+  EXPECT_EQ(p.Check(m, {}, seed + 1), "");  // and again, from the file's choice
+  internal::InvalidateTuningFileCache();    // later tests read the environment's file again
 }
 
 TEST(Gemv, TwoStreamsAtOnce) {

@@ -106,6 +106,9 @@ absl::StatusOr<GemvPlan> Autotune(const DeviceMatrix& w, const GemvShape& shape,
   d->cuStreamSynchronize(stream);
   d->cuEventDestroy(start);
   d->cuEventDestroy(stop);
+  // The candidates' split-K workspace lives as long as its stream (a later stream could get the
+  // same handle and inherit it, but nothing would free it).
+  ReleaseStreamWorkspace(scope.context(), stream);
   d->cuStreamDestroy(stream);
   RETURN_IF_ERROR(status);
   TunedChoice choice;

@@ -25,6 +25,11 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
                            const uint16_t* x, int64_t m, void* out, bool fp32_out,
                            CUstream stream, Pdl pdl = Pdl::kOff);
 
+// Frees the workspace of (ctx, stream) (split-K partials, semaphores, padded x, and the buffers
+// they outgrew) and forgets it. Only for a stream whose work has finished and on which no graph
+// that still runs was captured: the autotuner's own stream, before it is destroyed.
+void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream);
+
 // GEMVZ_PDL's value (unset: nullopt) as a mode: 0/empty off, 1 or auto kAuto, always kAlways.
 absl::StatusOr<Pdl> PdlFromEnv(const std::optional<std::string>& value);
 

@@ -108,6 +108,26 @@ int64_t Cols64(const DeviceMatrixState& s) { return (s.cols + 63) / 64 * 64; }
 
 namespace internal {
 
+void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
+  Workspace* w = nullptr;
+  {
+    absl::MutexLock lock(&workspace_mu);
+    auto& map = Workspaces();
+    auto it = map.find({ctx, stream});
+    if (it == map.end()) return;
+    w = it->second;
+    map.erase(it);
+  }
+  auto driver = Driver();
+  if (driver.ok()) {
+    for (CUdeviceptr p : w->retired) (*driver)->cuMemFree(p);
+    for (CUdeviceptr p : {w->ws, w->sem, w->xpad}) {
+      if (p != 0) (*driver)->cuMemFree(p);
+    }
+  }
+  delete w;
+}
+
 absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
                                           const GemvOptions& options, bool allow_autotune) {
   if (!w.valid()) return absl::InvalidArgumentError("Gemv: the DeviceMatrix is empty");
