@@ -433,42 +433,63 @@ TEST(Gemv, BitwiseDeterministic) {
   }
 }
 
+// A stream of its own and a graph of `calls` Gemv calls captured on it, after one plain call has
+// loaded the kernel and sized the stream's workspace. Destroyed with everything it made.
+struct CapturedGemv {
+  CUstream stream = nullptr;
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  ~CapturedGemv() {
+    const auto& api = **internal::Driver();
+    if (exec != nullptr) api.cuGraphExecDestroy(exec);
+    if (graph != nullptr) api.cuGraphDestroy(graph);
+    if (stream != nullptr) api.cuStreamDestroy(stream);
+  }
+};
+
+void Capture(const Problem& p, const DeviceBuffer& dx, const DeviceBuffer& dout, int64_t m,
+             const GemvOptions& opt, int calls, CapturedGemv* g) {
+  const auto& api = **internal::Driver();
+  ASSERT_EQ(api.cuStreamCreate(&g->stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), g->stream, opt).ok());
+  ASSERT_EQ(api.cuStreamSynchronize(g->stream), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamBeginCapture(g->stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  for (int i = 0; i < calls; ++i) {
+    ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), g->stream, opt).ok());
+  }
+  ASSERT_EQ(api.cuStreamEndCapture(g->stream, &g->graph), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuGraphInstantiate(&g->exec, g->graph, 0), CUDA_SUCCESS);
+}
+
+// Replays the graph `replays` times, each into a poisoned `dout`, against the reference of x.
+void ReplayAndCheck(const CapturedGemv& g, const Problem& p, const std::vector<uint16_t>& x,
+                    DeviceBuffer* dout, int64_t m, int replays) {
+  const auto& api = **internal::Driver();
+  std::vector<double> ref, abs_sum;
+  testing::ReferenceGemv(p.w, x, m, p.n, p.k, &ref, &abs_sum);
+  for (int replay = 0; replay < replays; ++replay) {
+    dout->Fill16(kPoison);
+    testing::Synchronize();
+    ASSERT_EQ(api.cuGraphLaunch(g.exec, g.stream), CUDA_SUCCESS);
+    ASSERT_EQ(api.cuStreamSynchronize(g.stream), CUDA_SUCCESS) << "replay " << replay;
+    std::vector<uint16_t> got(m * p.n);
+    dout->Download(got.data(), got.size() * 2);
+    EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, p.n), "") << "replay " << replay;
+  }
+}
+
 TEST(Gemv, GraphCaptureAndReplay) {
   GEMVZ_REQUIRE_GPU();
-  const auto& api = **internal::Driver();
   const uint64_t seed = FreshSeed();
   const int64_t n = 1024, k = 4096, m = 8;
   const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
   auto x = testing::RandomActivations(m, k, seed);
   DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
   dx.Upload(x.data(), x.size() * 2);
-  CUstream stream;
-  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};  // split-K in a graph
-  ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt).ok());
-  ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
-  CUgraph graph;
-  CUgraphExec exec;
-  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt).ok());
-  }
-  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
-  ASSERT_EQ(api.cuGraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
-  std::vector<double> ref, abs_sum;
-  testing::ReferenceGemv(p.w, x, m, n, k, &ref, &abs_sum);
-  for (int replay = 0; replay < 5; ++replay) {
-    dout.Fill16(kPoison);
-    testing::Synchronize();
-    ASSERT_EQ(api.cuGraphLaunch(exec, stream), CUDA_SUCCESS);
-    ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
-    std::vector<uint16_t> got(m * n);
-    dout.Download(got.data(), got.size() * 2);
-    EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "") << "replay " << replay;
-  }
-  api.cuGraphExecDestroy(exec);
-  api.cuGraphDestroy(graph);
-  api.cuStreamDestroy(stream);
+  CapturedGemv g;
+  ASSERT_NO_FATAL_FAILURE(Capture(p, dx, dout, m, opt, 3, &g));
+  ReplayAndCheck(g, p, x, &dout, m, 5);
 }
 
 // A graph captured while the stream's workspace was small must replay correctly after a later
@@ -495,21 +516,13 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
       big_dout(16 * big_n * 2);
   dx.Upload(x.data(), x.size() * 2);
   big_dx.Upload(big_x.data(), big_x.size() * 2);
-  CUstream stream;
-  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};
-  ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt).ok());
-  ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
-  CUgraph graph;
-  CUgraphExec exec;
-  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt).ok());
-  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
-  ASSERT_EQ(api.cuGraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
+  CapturedGemv g;
+  ASSERT_NO_FATAL_FAILURE(Capture(p, dx, dout, m, opt, 1, &g));
   // The graph's one kernel node and the workspace pointers in its Z12Params.
   size_t nodes = 1;
   CUgraphNode node;
-  ASSERT_EQ(api.cuGraphGetNodes(graph, &node, &nodes), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuGraphGetNodes(g.graph, &node, &nodes), CUDA_SUCCESS);
   ASSERT_EQ(nodes, 1u);
   CUDA_KERNEL_NODE_PARAMS kp;
   std::memset(&kp, 0, sizeof(kp));
@@ -538,8 +551,8 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
   const GemvOptions big_opt{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4}};
   big_dout.Fill16(kPoison);
   ASSERT_TRUE(
-      Gemv(big.dm, big_dx.as<uint16_t>(), 16, big_dout.as<uint16_t>(), stream, big_opt).ok());
-  ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
+      Gemv(big.dm, big_dx.as<uint16_t>(), 16, big_dout.as<uint16_t>(), g.stream, big_opt).ok());
+  ASSERT_EQ(api.cuStreamSynchronize(g.stream), CUDA_SUCCESS);
   {
     std::vector<uint16_t> got(16 * big_n);
     big_dout.Download(got.data(), got.size() * 2);
@@ -557,20 +570,7 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
     }
   }
 
-  std::vector<double> ref, abs_sum;
-  testing::ReferenceGemv(p.w, x, m, n, k, &ref, &abs_sum);
-  for (int replay = 0; replay < 3; ++replay) {
-    dout.Fill16(kPoison);
-    testing::Synchronize();
-    ASSERT_EQ(api.cuGraphLaunch(exec, stream), CUDA_SUCCESS);
-    ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS) << "replay " << replay;
-    std::vector<uint16_t> got(m * n);
-    dout.Download(got.data(), got.size() * 2);
-    EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "") << "replay " << replay;
-  }
-  api.cuGraphExecDestroy(exec);
-  api.cuGraphDestroy(graph);
-  api.cuStreamDestroy(stream);
+  ReplayAndCheck(g, p, x, &dout, m, 3);
 }
 
 // GEMVZ_AUTOTUNE=1: on the first call for a shape that no table knows, Gemv times candidates on
