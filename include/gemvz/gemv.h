@@ -29,6 +29,8 @@ struct UploadOptions {
 };
 
 // A weight matrix resident on one GPU. Cheap to copy (shared ownership); freed with the last copy.
+// A CUDA graph that captured Gemv on it holds its device pointers: keep a copy alive for as long
+// as the graph may run.
 class DeviceMatrix {
  public:
   // Uploads a packed matrix (checked with ValidatePacked first).
