@@ -114,6 +114,17 @@ TEST(GemvOptions, PdlFromTheEnvironment) {  // no GPU needed
   EXPECT_NE(bad.status().message().find("'yes please'"), std::string::npos);
 }
 
+// Without a GPU (CI) the workspace calls say why they cannot run rather than crash; with one, a
+// device that does not exist is an error too.
+TEST(GemvOptions, WorkspaceCallsWithoutADevice) {
+  const int device = internal::DeviceCount() == 0 ? 0 : 99;
+  absl::StatusOr<int64_t> bytes = GemvWorkspaceBytes(nullptr, device);
+  EXPECT_FALSE(bytes.ok());
+  absl::Status st = ReleaseGemvWorkspace(nullptr, device);
+  EXPECT_FALSE(st.ok());
+  EXPECT_FALSE(st.message().empty());
+}
+
 TEST(Gemv, BroadConfigurationSweep) {
   GEMVZ_REQUIRE_GPU();
   const uint64_t seed = FreshSeed();
@@ -561,6 +572,70 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
   }
 
   ReplayAndCheck(g, p, x, &dout, m, 3);
+}
+
+// ReleaseGemvWorkspace frees what Gemv keeps for a stream, outgrown buffers included (the device's
+// free memory rises by at least the bytes that GemvWorkspaceBytes counted), and the next split-K
+// call on the stream allocates afresh and is right (its new semaphores start at zero). Refused
+// during capture, an error for a device that does not exist, a no-op where nothing is held.
+TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 1024, k = 4096, m = 8;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  // 2048 row blocks at S = 4 and NB 2: 8 MiB of partials, after p's 64 KiB at S = 2 and NB 1.
+  const int64_t big_n = 32768, big_k = 1024;
+  const Problem big = Problem::Make(
+      big_n, big_k, testing::RandomMatrix(big_n, big_k, Distribution::kNormal, seed + 1));
+  const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};
+  const GemvOptions big_opt{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4}};
+  CUstream stream = nullptr;
+  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  auto held = [&] {
+    absl::StatusOr<int64_t> bytes = GemvWorkspaceBytes(stream);
+    EXPECT_TRUE(bytes.ok()) << bytes.status();
+    return bytes.ok() ? *bytes : -1;
+  };
+  EXPECT_EQ(held(), 0);
+  EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());  // nothing held yet
+
+  ASSERT_EQ(p.Check(m, opt, seed, nullptr, stream), "");
+  const int64_t small = held();
+  EXPECT_GE(small, 64 * 1024 + 256);
+  ASSERT_EQ(big.Check(16, big_opt, seed + 2, nullptr, stream), "");
+  const int64_t grown = held();
+  EXPECT_GE(grown, small + (8 << 20)) << "the outgrown buffers count too";
+
+  // Refused while the stream is being captured (the graph would use what it frees).
+  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  absl::Status st = ReleaseGemvWorkspace(stream);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  if (graph != nullptr) api.cuGraphDestroy(graph);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("being captured"), std::string::npos) << st;
+  EXPECT_EQ(held(), grown);
+
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(api.cuMemGetInfo(&free_before, &total), CUDA_SUCCESS);
+  st = ReleaseGemvWorkspace(stream);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(api.cuMemGetInfo(&free_after, &total), CUDA_SUCCESS);
+  EXPECT_EQ(held(), 0);
+  // The driver hands memory out in 2 MiB pages: the 8 MiB of partials and more are whole pages.
+  EXPECT_GE(static_cast<int64_t>(free_after) - static_cast<int64_t>(free_before), grown - (2 << 20))
+      << "free device memory rose by less than the " << grown << " bytes released";
+
+  // A later call allocates afresh, with zeroed semaphores, and is right; twice, so that the
+  // semaphores it reset serve again.
+  EXPECT_EQ(big.Check(16, big_opt, seed + 3, nullptr, stream), "");
+  EXPECT_EQ(big.Check(16, big_opt, seed + 4, nullptr, stream), "");
+  EXPECT_GE(held(), 8 << 20);
+  ASSERT_TRUE(ReleaseGemvWorkspace(stream).ok());
+
+  api.cuStreamDestroy(stream);
+  EXPECT_FALSE(ReleaseGemvWorkspace(nullptr, 99).ok());  // no such device
 }
 
 // GEMVZ_AUTOTUNE=1: on the first call for a shape that no table knows, Gemv times candidates on

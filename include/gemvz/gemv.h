@@ -102,6 +102,23 @@ absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t*
 absl::Status GemvFp32(const DeviceMatrix& w, const uint16_t* x, int64_t m, float* out,
                       CUstream_st* stream, const GemvOptions& options = {});
 
+// The workspace of a stream. Gemv keeps, per (device, stream), the split-K partial sums and
+// arrival counters and (plain BF16 with K not a multiple of 64) a padded copy of x, allocated at a
+// call's first need and grown at least twofold when a later call needs more. A grown-out buffer is
+// kept, not freed, because CUDA graphs captured on the stream still use it, so the total only
+// grows for the stream's lifetime (the partials of one split-K call are N/16 x S x NB x 512 bytes:
+// 640 KiB for a 10240-row matrix at S = 2, m <= 8).
+//
+// The device bytes held for `stream` on `device`, outgrown buffers included; 0 when none.
+absl::StatusOr<int64_t> GemvWorkspaceBytes(CUstream_st* stream, int device = 0);
+
+// Frees all of it, for a stream whose GEMVs are done (before destroying a stream, say): waits for
+// the stream's queued work, frees the buffers, and a later Gemv on the stream allocates afresh.
+// Graphs captured on the stream before the call must not be launched after it. Refused while the
+// stream is being captured; not to be called concurrently with Gemv on the same stream. OK (a
+// no-op but for the wait) when nothing is held. nullptr is the legacy default stream.
+absl::Status ReleaseGemvWorkspace(CUstream_st* stream, int device = 0);
+
 // How a call would run: the configuration per chunk and where it came from.
 struct GemvPlan {
   KernelConfig config;

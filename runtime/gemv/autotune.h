@@ -27,8 +27,12 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
 
 // Frees the workspace of (ctx, stream) (split-K partials, semaphores, padded x, and the buffers
 // they outgrew) and forgets it. Only for a stream whose work has finished and on which no graph
-// that still runs was captured: the autotuner's own stream, before it is destroyed.
+// that still runs was captured: the autotuner's own stream before it is destroyed, and
+// ReleaseGemvWorkspace (gemv.h) after it has synchronised the caller's.
 void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream);
+
+// The device bytes that the workspace of (ctx, stream) holds, outgrown buffers included; 0 if none.
+int64_t StreamWorkspaceBytes(CUcontext ctx, CUstream stream);
 
 // GEMVZ_PDL's value (unset: nullopt) as a mode: 0/empty off, 1 or auto kAuto, always kAlways.
 absl::StatusOr<Pdl> PdlFromEnv(const std::optional<std::string>& value);

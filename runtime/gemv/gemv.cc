@@ -23,6 +23,11 @@ namespace gemvz {
 namespace internal {
 namespace {
 
+struct RetiredBuffer {
+  CUdeviceptr ptr;
+  size_t bytes;
+};
+
 // Split-K partials, semaphores and the padded-x buffer of one stream. Calls on one stream run in
 // order, so one workspace per (context, stream) is enough; distinct streams never share one.
 struct Workspace {
@@ -35,7 +40,7 @@ struct Workspace {
   // Outgrown buffers, never freed: a CUDA graph captured before a growth still launches kernels
   // that use them (freeing them made such replays read and write freed memory). Each growth at
   // least doubles a buffer, so together they stay smaller than the buffers in use.
-  std::vector<CUdeviceptr> retired;
+  std::vector<RetiredBuffer> retired;
 };
 
 absl::Mutex workspace_mu(absl::kConstInit);
@@ -50,7 +55,7 @@ absl::flat_hash_map<std::pair<CUcontext, CUstream>, Workspace*>& Workspaces() {
 // ahead of the kernel that will use it (a plain cuMemsetD8 goes to the legacy default stream,
 // which a non-blocking stream does not wait for). On failure `buf` is unchanged.
 absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, bool capturing,
-                    CUstream stream, std::vector<CUdeviceptr>* retired) {
+                    CUstream stream, std::vector<RetiredBuffer>* retired) {
   if (have >= bytes) return absl::OkStatus();
   if (capturing) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -70,7 +75,7 @@ absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, boo
       return st;
     }
   }
-  if (buf != 0) retired->push_back(buf);
+  if (buf != 0) retired->push_back(RetiredBuffer{buf, have});
   buf = fresh;
   have = alloc;
   return absl::OkStatus();
@@ -108,6 +113,17 @@ int64_t Cols64(const DeviceMatrixState& s) { return (s.cols + 63) / 64 * 64; }
 
 namespace internal {
 
+int64_t StreamWorkspaceBytes(CUcontext ctx, CUstream stream) {
+  absl::MutexLock lock(&workspace_mu);
+  auto& map = Workspaces();
+  auto it = map.find({ctx, stream});
+  if (it == map.end()) return 0;
+  const Workspace& w = *it->second;
+  int64_t bytes = static_cast<int64_t>(w.ws_bytes + w.sem_bytes + w.xpad_bytes);
+  for (const RetiredBuffer& r : w.retired) bytes += static_cast<int64_t>(r.bytes);
+  return bytes;
+}
+
 void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
   Workspace* w = nullptr;
   {
@@ -120,7 +136,7 @@ void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
   }
   auto driver = Driver();
   if (driver.ok()) {
-    for (CUdeviceptr p : w->retired) (*driver)->cuMemFree(p);
+    for (const RetiredBuffer& r : w->retired) (*driver)->cuMemFree(r.ptr);
     for (CUdeviceptr p : {w->ws, w->sem, w->xpad}) {
       if (p != 0) (*driver)->cuMemFree(p);
     }
@@ -316,6 +332,27 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
 
 namespace {
 
+// Whether `stream` belongs to `ctx` (the legacy default stream, nullptr, to every context).
+absl::StatusOr<bool> StreamOnContext(CUstream stream, CUcontext ctx) {
+  if (stream == nullptr) return true;
+  CUcontext stream_ctx = nullptr;
+  CU_RETURN_IF_ERROR(cuStreamGetCtx(stream, &stream_ctx));
+  return stream_ctx == ctx;
+}
+
+// Enters `device`'s context for a call about `stream`'s workspace (`what` names the call).
+absl::StatusOr<internal::ScopedDeviceContext> EnterForStream(CUstream stream, int device,
+                                                             const char* what) {
+  ASSIGN_OR_RETURN(auto scope, internal::ScopedDeviceContext::Enter(device));
+  ASSIGN_OR_RETURN(const bool same, StreamOnContext(stream, scope.context()));
+  if (!same) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the stream belongs to another device's context than device ", device,
+                     "'s; pass the device whose matrices the stream's GEMVs used"));
+  }
+  return scope;
+}
+
 absl::Status GemvAny(const DeviceMatrix& w, const uint16_t* x, int64_t m, void* out, bool fp32_out,
                      CUstream_st* stream, const GemvOptions& options) {
   if (x == nullptr || out == nullptr) {
@@ -326,17 +363,14 @@ absl::Status GemvAny(const DeviceMatrix& w, const uint16_t* x, int64_t m, void* 
   bool capturing = false;
   {
     ASSIGN_OR_RETURN(auto scope, internal::ScopedDeviceContext::Enter(w.device()));
-    if (stream != nullptr) {
-      // A DeviceMatrix belongs to one device: a stream of another device's context is refused.
-      CUcontext stream_ctx = nullptr;
-      CU_RETURN_IF_ERROR(cuStreamGetCtx(stream, &stream_ctx));
-      if (stream_ctx != scope.context()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Gemv: the matrix lives on device ", w.device(),
-            " but the stream belongs to another device's context; upload the matrix to that "
-            "device (DeviceMatrix::Upload(packed, device)) or use a stream of device ",
-            w.device()));
-      }
+    // A DeviceMatrix belongs to one device: a stream of another device's context is refused.
+    ASSIGN_OR_RETURN(const bool same, StreamOnContext(stream, scope.context()));
+    if (!same) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Gemv: the matrix lives on device ", w.device(),
+          " but the stream belongs to another device's context; upload the matrix to that "
+          "device (DeviceMatrix::Upload(packed, device)) or use a stream of device ",
+          w.device()));
     }
     CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
     CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream, &capture));
@@ -362,6 +396,26 @@ absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t*
 absl::Status GemvFp32(const DeviceMatrix& w, const uint16_t* x, int64_t m, float* out,
                       CUstream_st* stream, const GemvOptions& options) {
   return GemvAny(w, x, m, out, true, stream, options);
+}
+
+absl::StatusOr<int64_t> GemvWorkspaceBytes(CUstream_st* stream, int device) {
+  ASSIGN_OR_RETURN(auto scope, EnterForStream(stream, device, "GemvWorkspaceBytes"));
+  return internal::StreamWorkspaceBytes(scope.context(), stream);
+}
+
+absl::Status ReleaseGemvWorkspace(CUstream_st* stream, int device) {
+  ASSIGN_OR_RETURN(auto scope, EnterForStream(stream, device, "ReleaseGemvWorkspace"));
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream, &capture));
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return absl::FailedPreconditionError(
+        "ReleaseGemvWorkspace: the stream is being captured; the graph being captured would use "
+        "the workspace it frees. End the capture first");
+  }
+  // The stream's queued and running kernels may still use the buffers.
+  CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));
+  internal::ReleaseStreamWorkspace(scope.context(), stream);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<GemvPlan> PlanGemv(const DeviceMatrix& w, int64_t m, const GemvOptions& options) {
