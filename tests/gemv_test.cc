@@ -590,6 +590,10 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
       big_n, big_k, testing::RandomMatrix(big_n, big_k, Distribution::kNormal, seed + 1));
   const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};
   const GemvOptions big_opt{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4}};
+  // The stream is made in device 0's primary context, the one the library's calls enter.
+  absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  ASSERT_EQ(api.cuCtxSetCurrent(*ctx), CUDA_SUCCESS);
   CUstream stream = nullptr;
   ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   auto held = [&] {
