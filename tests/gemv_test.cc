@@ -506,6 +506,21 @@ TEST(Gemv, GraphCaptureAndReplay) {
   ReplayAndCheck(g, p, x, &dout, m, 5);
 }
 
+// Two split-K calls, the second needing a far larger workspace than the first: `small` (1024 x
+// 4096, 64 row blocks) at S = 2, NB 1 and m = 8 needs 64 KiB of partials and 256 bytes of
+// semaphores (4 KiB allocated); `big` (32768 x 1024, 2048 row blocks) at S = 4, NB 2 and m = 16
+// 8 MiB and 8 KiB.
+struct WorkspaceGrowth {
+  static constexpr int64_t kSmallM = 8, kBigM = 16;
+  Problem small, big;
+  GemvOptions small_opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};
+  GemvOptions big_opt{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4}};
+  explicit WorkspaceGrowth(uint64_t seed)
+      : small(Problem::Make(1024, 4096, MixedWeights(1024, 4096, seed))),
+        big(Problem::Make(32768, 1024,
+                          testing::RandomMatrix(32768, 1024, Distribution::kNormal, seed + 1))) {}
+};
+
 // A graph captured while the stream's workspace was small must replay correctly after a later
 // call on that stream grows it. Outgrown buffers used to be freed: the graph's split-K partials
 // and semaphores then lay in freed memory (an illegal address in `gemvz tune`'s 1675-graph sweep
@@ -517,17 +532,15 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
   GEMVZ_REQUIRE_GPU();
   const auto& api = **internal::Driver();
   const uint64_t seed = FreshSeed();
-  const int64_t n = 1024, k = 4096, m = 8;
-  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
-  // 2048 row blocks at S = 4, NB 2: 8 MiB of partials and 8 KiB of semaphores, where the graph's
-  // call (64 row blocks, S = 2, NB 1) needs 64 KiB and 256 bytes (4 KiB allocated).
-  const int64_t big_n = 32768, big_k = 1024;
-  const Problem big = Problem::Make(
-      big_n, big_k, testing::RandomMatrix(big_n, big_k, Distribution::kNormal, seed + 1));
+  const WorkspaceGrowth w(seed);
+  const Problem& p = w.small;
+  const Problem& big = w.big;
+  const GemvOptions& opt = w.small_opt;
+  const GemvOptions& big_opt = w.big_opt;
+  const int64_t n = p.n, k = p.k, m = WorkspaceGrowth::kSmallM;
   auto x = testing::RandomActivations(m, k, seed);
   DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
   dx.Upload(x.data(), x.size() * 2);
-  const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};
   CapturedGemv g;
   ASSERT_NO_FATAL_FAILURE(Capture(p, dx, dout, m, opt, 1, &g));
   // The graph's one kernel node and the workspace pointers in its Z12Params.
@@ -559,8 +572,7 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
   ASSERT_NE(sem_before.first, 0u);
 
   // The growth: a larger split-K call on the same stream, checked too.
-  const GemvOptions big_opt{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4}};
-  ASSERT_EQ(big.Check(16, big_opt, seed + 2, nullptr, g.stream), "");
+  ASSERT_EQ(big.Check(WorkspaceGrowth::kBigM, big_opt, seed + 2, nullptr, g.stream), "");
   EXPECT_EQ(allocation(captured.ws), ws_before) << "the graph's split-K partials were freed";
   EXPECT_EQ(allocation(captured.sem), sem_before) << "the graph's semaphores were freed";
   std::vector<std::unique_ptr<DeviceBuffer>> squatters;
@@ -582,14 +594,7 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
   GEMVZ_REQUIRE_GPU();
   const auto& api = **internal::Driver();
   const uint64_t seed = FreshSeed();
-  const int64_t n = 1024, k = 4096, m = 8;
-  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
-  // 2048 row blocks at S = 4 and NB 2: 8 MiB of partials, after p's 64 KiB at S = 2 and NB 1.
-  const int64_t big_n = 32768, big_k = 1024;
-  const Problem big = Problem::Make(
-      big_n, big_k, testing::RandomMatrix(big_n, big_k, Distribution::kNormal, seed + 1));
-  const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};
-  const GemvOptions big_opt{KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 4}};
+  const WorkspaceGrowth w(seed);
   // The stream is made in device 0's primary context, the one the library's calls enter.
   absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);
   ASSERT_TRUE(ctx.ok()) << ctx.status();
@@ -604,10 +609,10 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
   EXPECT_EQ(held(), 0);
   EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());  // nothing held yet
 
-  ASSERT_EQ(p.Check(m, opt, seed, nullptr, stream), "");
+  ASSERT_EQ(w.small.Check(WorkspaceGrowth::kSmallM, w.small_opt, seed, nullptr, stream), "");
   const int64_t small = held();
   EXPECT_GE(small, 64 * 1024 + 256);
-  ASSERT_EQ(big.Check(16, big_opt, seed + 2, nullptr, stream), "");
+  ASSERT_EQ(w.big.Check(WorkspaceGrowth::kBigM, w.big_opt, seed + 2, nullptr, stream), "");
   const int64_t grown = held();
   EXPECT_GE(grown, small + (8 << 20)) << "the outgrown buffers count too";
 
@@ -633,8 +638,8 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
 
   // A later call allocates afresh, with zeroed semaphores, and is right; twice, so that the
   // semaphores it reset serve again.
-  EXPECT_EQ(big.Check(16, big_opt, seed + 3, nullptr, stream), "");
-  EXPECT_EQ(big.Check(16, big_opt, seed + 4, nullptr, stream), "");
+  EXPECT_EQ(w.big.Check(WorkspaceGrowth::kBigM, w.big_opt, seed + 3, nullptr, stream), "");
+  EXPECT_EQ(w.big.Check(WorkspaceGrowth::kBigM, w.big_opt, seed + 4, nullptr, stream), "");
   EXPECT_GE(held(), 8 << 20);
   ASSERT_TRUE(ReleaseGemvWorkspace(stream).ok());
 
