@@ -114,7 +114,8 @@ absl::StatusOr<int64_t> GemvWorkspaceBytes(CUstream_st* stream, int device = 0);
 
 // Frees all of it, for a stream whose GEMVs are done (before destroying a stream, say): waits for
 // the stream's queued work, frees the buffers, and a later Gemv on the stream allocates afresh.
-// Graphs captured on the stream before the call must not be launched after it. Refused while the
+// Graphs captured on the stream before the call use these buffers wherever they are launched: none
+// may be running on another stream during the call, nor launched after it. Refused while the
 // stream is being captured; not to be called concurrently with Gemv on the same stream. OK (a
 // no-op but for the wait) when nothing is held. nullptr is the legacy default stream.
 absl::Status ReleaseGemvWorkspace(CUstream_st* stream, int device = 0);
