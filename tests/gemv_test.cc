@@ -647,6 +647,66 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
   EXPECT_FALSE(ReleaseGemvWorkspace(nullptr, 99).ok());  // no such device
 }
 
+// With two GPUs: a stream of device 1 is refused for a matrix on device 0 (Gemv) and for device
+// 0's workspace calls, each naming the mismatch; on device 1 with its own matrix it works, and its
+// workspace is device 1's, released there.
+TEST(Gemv, StreamOfAnotherDevice) {
+  GEMVZ_REQUIRE_GPUS(2);
+  const auto& api = **internal::Driver();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 1024, k = 4096, m = 8;
+  const auto w = MixedWeights(n, k, seed);
+  auto on0 = DeviceMatrix::FromBf16(w.data(), n, k, 0);
+  auto on1 = DeviceMatrix::FromBf16(w.data(), n, k, 1);
+  ASSERT_TRUE(on0.ok()) << on0.status();
+  ASSERT_TRUE(on1.ok()) << on1.status();
+  absl::StatusOr<CUcontext> ctx1 = internal::PrimaryContext(1);
+  ASSERT_TRUE(ctx1.ok()) << ctx1.status();
+  ASSERT_EQ(api.cuCtxSetCurrent(*ctx1), CUDA_SUCCESS);
+  CUstream stream1 = nullptr;
+  ASSERT_EQ(api.cuStreamCreate(&stream1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const auto x = testing::RandomActivations(m, k, seed);
+  CUdeviceptr dx = 0, dout = 0;
+  ASSERT_EQ(api.cuMemAlloc(&dx, x.size() * 2), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuMemAlloc(&dout, m * n * 2), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuMemcpyHtoD(dx, x.data(), x.size() * 2), CUDA_SUCCESS);
+  auto* x1 = reinterpret_cast<const uint16_t*>(dx);
+  auto* out1 = reinterpret_cast<uint16_t*>(dout);
+  const GemvOptions split{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};
+
+  absl::Status st = Gemv(*on0, x1, m, out1, stream1, split);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("the matrix lives on device 0 but the stream belongs to another"),
+            std::string::npos)
+      << st;
+  st = ReleaseGemvWorkspace(stream1, 0);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("another device's context than device 0"), std::string::npos) << st;
+  EXPECT_FALSE(GemvWorkspaceBytes(stream1, 0).ok());
+
+  // On device 1, with device 1's matrix: right, and its workspace is held and freed there.
+  ASSERT_TRUE(Gemv(*on1, x1, m, out1, stream1, split).ok());
+  ASSERT_EQ(api.cuCtxSetCurrent(*ctx1), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamSynchronize(stream1), CUDA_SUCCESS);
+  std::vector<uint16_t> got(m * n);
+  ASSERT_EQ(api.cuMemcpyDtoH(got.data(), dout, got.size() * 2), CUDA_SUCCESS);
+  std::vector<double> ref, abs_sum;
+  testing::ReferenceGemv(w, x, m, n, k, &ref, &abs_sum);
+  EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "");
+  absl::StatusOr<int64_t> held = GemvWorkspaceBytes(stream1, 1);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_GE(*held, 64 * 1024);
+  EXPECT_TRUE(ReleaseGemvWorkspace(stream1, 1).ok());
+  held = GemvWorkspaceBytes(stream1, 1);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(*held, 0);
+
+  ASSERT_EQ(api.cuCtxSetCurrent(*ctx1), CUDA_SUCCESS);
+  api.cuMemFree(dx);
+  api.cuMemFree(dout);
+  api.cuStreamDestroy(stream1);
+}
+
 // GEMVZ_AUTOTUNE=1: on the first call for a shape that no table knows, Gemv times candidates on
 // the real matrix, runs the winner (right results), and saves it to the tuning file, where the
 // dispatcher, like a later process, finds it.
