@@ -81,6 +81,13 @@ absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, boo
   return absl::OkStatus();
 }
 
+// Whether `stream` is being captured into a CUDA graph.
+absl::StatusOr<bool> StreamCapturing(CUstream stream) {
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream, &capture));
+  return capture != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 absl::StatusOr<Workspace*> GetWorkspace(CUcontext ctx, CUstream stream) {
   absl::MutexLock lock(&workspace_mu);
   auto& map = Workspaces();
@@ -221,9 +228,7 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
     pdl = info.limits.cc_major >= 9 && driver->cuLaunchKernelEx != nullptr &&
           (pdl_mode == Pdl::kAlways || grid_x * config.splits * 10 >= slots * kPdlMinFillTenths);
   }
-  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream, &capture));
-  const bool capturing = capture != CU_STREAM_CAPTURE_STATUS_NONE;
+  ASSIGN_OR_RETURN(const bool capturing, StreamCapturing(stream));
 
   const int64_t k64 = Cols64(s);
   ASSIGN_OR_RETURN(Workspace * ws, GetWorkspace(scope.context(), stream));
@@ -372,9 +377,7 @@ absl::Status GemvAny(const DeviceMatrix& w, const uint16_t* x, int64_t m, void* 
           "device (DeviceMatrix::Upload(packed, device)) or use a stream of device ",
           w.device()));
     }
-    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-    CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream, &capture));
-    capturing = capture != CU_STREAM_CAPTURE_STATUS_NONE;
+    ASSIGN_OR_RETURN(capturing, internal::StreamCapturing(stream));
   }
   ASSIGN_OR_RETURN(GemvPlan plan, internal::PlanGemvInternal(w, m, options, !capturing));
   Pdl pdl = Pdl::kOff;
@@ -405,9 +408,8 @@ absl::StatusOr<int64_t> GemvWorkspaceBytes(CUstream_st* stream, int device) {
 
 absl::Status ReleaseGemvWorkspace(CUstream_st* stream, int device) {
   ASSIGN_OR_RETURN(auto scope, EnterForStream(stream, device, "ReleaseGemvWorkspace"));
-  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream, &capture));
-  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+  ASSIGN_OR_RETURN(const bool capturing, internal::StreamCapturing(stream));
+  if (capturing) {
     return absl::FailedPreconditionError(
         "ReleaseGemvWorkspace: the stream is being captured; the graph being captured would use "
         "the workspace it frees. End the capture first");
