@@ -88,7 +88,7 @@ TEST_F(ToolTest, WarmupTwiceThenAllHits) {
 TEST_F(ToolTest, BadConfigurationLineIsNamed) {
   TempDir cache;
   ASSERT_TRUE(internal::AtomicWriteFile(tmp_.Join("bad.txt"),
-                                        "# ok\nbf16.nw4.ug1.nb1.pipe0\nz12.nw4.ug1.nb1.pipe9\n")
+                                        "# ok\nbf16.nw4.ug1.nb1.pipe0\nz12.nw4.ug1.nb1.pipe14\n")
                   .ok());
   RunResult r = Run(absl::StrCat("warmup --configs=", tmp_.Join("bad.txt")), cache.path());
   EXPECT_EQ(r.code, 2);

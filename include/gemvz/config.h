@@ -29,9 +29,9 @@ enum class WeightOrder {
 };
 std::string_view OrderName(WeightOrder order);  // "block" / "group"
 
-// The largest PIPE a format's kernel takes: 8 for z12 (4..8 are its register-capped loops), 3
-// for bf16.
-constexpr int MaxPipe(WeightFormat format) { return format == WeightFormat::kZ12 ? 8 : 3; }
+// The largest PIPE a format's kernel takes: 13 for z12 (4..8 are its register-capped loops,
+// 9..13 the same caps with the rolling loop), 3 for bf16.
+constexpr int MaxPipe(WeightFormat format) { return format == WeightFormat::kZ12 ? 13 : 3; }
 
 // Template arguments of one kernel (compiled as such by NVRTC) plus the split-K factor, which is a
 // run-time argument of the same kernel.
@@ -41,7 +41,9 @@ struct KernelConfig {
   int ug = 2;  // 64-wide K groups per loop trip
   int nb = 2;  // 8-token blocks per launch: up to 8 * nb activation rows
   // 0/3 plain loop (3: minBlocks 1), 1/2 software-pipelined (2: minBlocks 2); z12 only: 4..8 plain
-  // loop with minBlocks PIPE - 2 (a register cap for more CTAs per SM) and two accumulator chains.
+  // loop with minBlocks PIPE - 2 (a register cap for more CTAs per SM) and two accumulator chains;
+  // 9..13 the rolling loop (each group's registers take the next trip's load once its mma are
+  // done) with minBlocks PIPE - 7 and the same chains.
   int pipe = 3;
   int splits = 1;  // S: CTAs sharing one row block's K range (split-K)
   // z12 only: row blocks per CTA, 1 or 2. With 2 every streaming warp streams two 16-row blocks

@@ -150,7 +150,7 @@ absl::Status ValidateConfig(const KernelConfig& c) {
   }
   if (c.pipe > MaxPipe(c.format)) {
     return fail(absl::StrCat("PIPE 4..", MaxPipe(WeightFormat::kZ12),
-                             " (register-capped plain loop) exists for z12 only; ",
+                             " (register-capped plain and rolling loops) exist for z12 only; ",
                              std::string(FormatName(c.format)), " takes 0..", MaxPipe(c.format),
                              " (got ", c.pipe, ")"));
   }

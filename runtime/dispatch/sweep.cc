@@ -50,6 +50,10 @@ std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format
                                : z12 && nb >= 2 && (ug <= 2 || (ug == 4 && nb == 2)) ? 2
                                                                                      : 1;
             for (int rb = 1; rb <= max_rb; rb *= 2) {
+              // The rolling loop (PIPE 9..13) only where it was level or ahead (session 19,
+              // docs/BENCHMARKS.md): NB >= 2, UG 1, RB 2 or 4, S 1. With more units a trip its
+              // capped kernels spilled 140-1140 bytes; at NB 1 it gained nothing.
+              if (pipe >= 9 && (nb < 2 || ug != 1 || rb < 2 || s != 1)) continue;
               const KernelConfig c{format, nw, ug, nb, pipe, s, rb};
               // Uneven shares of K only where the busiest warp is near the mean.
               if (!Validate(c, launch, limits).ok() || !internal::Balanced(groups, c)) continue;
