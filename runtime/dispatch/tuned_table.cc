@@ -89,11 +89,12 @@
 // rows stay; the other 17 held.
 // The rolling loop (PIPE 9..13, session 19, 2026-11-30): the same kernel as z12.nw3.ug1.nb2.pipe6
 // .rb4.gm with the rolling loop, z12.nw3.ug1.nb2.pipe11.rb4.gm (126 registers, 4 CTAs per SM),
-// against the table's PIPE 3 row in turn on two H200s: 43.35, 43.40, 43.37 us against 43.63,
-// 43.64, 43.64 (three rounds, 0.6 %; its time is their mean) and 43.54, 43.60 against 43.82,
-// 44.06; at m = 12 43.44 against 43.58. On the other suite shapes at m = 16 it lost, as did
-// the rolling versions of their rows (UG 4 spills under the caps); so 28672x4096's group-major
-// m = 16 row changed.
+// against the table's PIPE 3 row in turn on four H200s: 43.35, 43.40, 43.37 us against 43.63,
+// 43.64, 43.64 (three rounds, 0.6 %; its time is their mean), 43.54, 43.60 against 43.82, 44.06,
+// 44.01, 43.99 against 44.08, 44.07 and 43.97 twice against 44.02, 44.03 (0.1-1.0 %); at m = 12
+// 43.44 against 43.58 and 43.89, 43.88 against 43.97, 43.91. On the other suite shapes at m = 16
+// every rolling kernel lost to the rows (their UG 4 rows spill rolled); so only 28672x4096's
+// group-major m = 16 row changed.
 #include <string>
 #include <vector>
 
