@@ -45,9 +45,10 @@ __device__ __forceinline__ void decode_mma(const uint4& a0, const uint4& a1, con
 }
 
 // A zero that ptxas cannot see through, ready only once the unit's mma have written every
-// accumulator chain they feed: the rolling loop adds it to the next load's address, so ptxas
-// neither hoists that load above the unit's decode (which would keep the old and the new words
-// live together: session 18, 128 -> 186 registers) nor the decode of every unit above the mma.
+// accumulator chain they feed: the rolling loop adds it to the next load's address. Without it
+// ptxas hoists that load above the unit's decode and keeps the old and the new words live
+// together (session 18: 128 -> 186 registers); with a zero taken from the decoded words instead,
+// it decodes every unit first and batches the mma at the end (session 19: 190 registers).
 // kz is N >> 31, 0 for every valid shape (N > 0).
 template <int NB, int NACC>
 __device__ __forceinline__ unsigned after_mma(const float (&acc)[NACC][4],
@@ -246,7 +247,7 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2   ? 2
       // pinned there by after_mma. ptxas still sinks a loop body's last loads to its end (their
       // consumers are in the next iteration), so the body holds two trips: the first trip's
       // loads, consumed by the second, stay among its math (session 19: gate_up at m = 16
-      // 0.6-1.0 % faster than PIPE 6 with the same 126-128 registers).
+      // 0.1-1.0 % faster than PIPE 3 and 6 on four H200s, with the same 126-128 registers).
       constexpr bool kTwoChains = RB == 1;
       float acc2[RB * NB][4];
 #pragma unroll
