@@ -116,6 +116,19 @@ __device__ __forceinline__ void x_rows(const unsigned short* x, long long ldx, i
   }
 }
 
+// Group gi's x fragments for every token block: k 8t..8t+7 of its first 32 K (xa) and of its
+// second (xb). (The older loops write this out: as a helper it renamed registers in some NB 1
+// kernels' PTX, which changed their machine code; docs/JIT.md.)
+template <int NB>
+__device__ __forceinline__ void x_frags(const unsigned short* const (&xr)[NB], int gi,
+                                        uint4 (&xa)[NB], uint4 (&xb)[NB]) {
+#pragma unroll
+  for (int nb = 0; nb < NB; nb++) {
+    xa[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + gi * 64));
+    xb[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + gi * 64 + 32));
+  }
+}
+
 // A streaming warp parks its C fragments (one float4 per lane and token block) for the sum.
 template <int NW, int NB>
 __device__ __forceinline__ void park_partials(float4 (&red)[NW][NB * 32], int warp, int lane,

@@ -275,11 +275,7 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2   ? 2
 #pragma unroll
         for (int u = 0; u < UG; u++) {
           uint4 xa[NB], xb[NB];
-#pragma unroll
-          for (int nb = 0; nb < NB; nb++) {
-            xa[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64));
-            xb[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64 + 32));
-          }
+          x_frags<NB>(xr, i + u, xa, xb);
 #pragma unroll
           for (int j = 0; j < RB; j++) {
             decode_mma<NB>(A0[u][j], A1[u][j], B[u][j], TL, TH, xa, xb, acc, accb, j);
