@@ -208,8 +208,8 @@ std::optional<KernelConfig> BestWithTokenBlocks(const GemvShape& shape, WeightFo
 // the split S first (none unless the row blocks leave SMs idle), then the kernel family whose
 // CTAs per SM waste the least of the last wave. Each family's CTAs per SM come from its launch
 // bounds (PIPE 2: minBlocks 2; 12-bit PIPE 4..8: PIPE - 2, 9..13: PIPE - 7) or from the
-// registers ptxas gives it; HeuristicTest.FamiliesHoldTheirCtasPerSm compiles every family and checks the count, and
-// JitGpuTest compares it with the driver's occupancy.
+// registers ptxas gives it; HeuristicTest.FamiliesHoldTheirCtasPerSm compiles every family and
+// checks the count, and JitGpuTest compares it with the driver's occupancy.
 // Fitted on the H200 (2026-11-29) to sweeps of 34 shapes at m = 1, 8, 16 (docs/BENCHMARKS.md,
 // "The heuristic"), in geometric mean over the 102 cases: 12-bit 1.008x the best configuration
 // measured (worst 1.15x), against 1.136x (worst 1.64x) for the previous, occupancy-blind rule;
