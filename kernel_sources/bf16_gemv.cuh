@@ -63,11 +63,7 @@ __global__ void __launch_bounds__(NW * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 : 0))
 #pragma unroll
       for (int u = 0; u < UG; u++) {
         uint4 xa[NB], xb[NB];
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-          xa[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64));
-          xb[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64 + 32));
-        }
+        x_frags<NB>(xr, i + u, xa, xb);
         compute(A[u], C[u], B[u], D[u], xa, xb);
       }
     }
@@ -78,12 +74,7 @@ __global__ void __launch_bounds__(NW * 32, (PIPE == 2 ? 2 : PIPE == 3 ? 1 : 0))
     for (int i = 0; i < KGW; i += UG) {
       uint4 xa[UG][NB], xb[UG][NB];
 #pragma unroll
-      for (int u = 0; u < UG; u++)
-#pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-          xa[u][nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64));
-          xb[u][nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64 + 32));
-        }
+      for (int u = 0; u < UG; u++) x_frags<NB>(xr, i + u, xa[u], xb[u]);
       uint4 nA[UG], nC[UG], nB[UG], nD[UG];
       if (i + UG < KGW) {
 #pragma unroll

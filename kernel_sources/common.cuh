@@ -117,8 +117,8 @@ __device__ __forceinline__ void x_rows(const unsigned short* x, long long ldx, i
 }
 
 // Group gi's x fragments for every token block: k 8t..8t+7 of its first 32 K (xa) and of its
-// second (xb). (The older loops write this out: as a helper it renamed registers in some NB 1
-// kernels' PTX, which changed their machine code; docs/JIT.md.)
+// second (xb). Every loop of both kernels loads them through this (session 19: the same cubins
+// as written out, for all 777 configurations checked; docs/JIT.md).
 template <int NB>
 __device__ __forceinline__ void x_frags(const unsigned short* const (&xr)[NB], int gi,
                                         uint4 (&xa)[NB], uint4 (&xb)[NB]) {

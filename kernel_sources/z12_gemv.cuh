@@ -44,6 +44,13 @@ __device__ __forceinline__ void decode_mma(const uint4& a0, const uint4& a1, con
   }
 }
 
+// One (row block, group)'s 96 16-byte units from q, this lane's first: sections 0, 1 and 2.
+__device__ __forceinline__ void ld_unit(const uint4* q, uint4& a0, uint4& a1, uint4& b) {
+  a0 = ld_stream(q);
+  a1 = ld_stream(q + 32);
+  b = ld_stream(q + 64);
+}
+
 // A zero that ptxas cannot see through, ready only once the unit's mma have written every
 // accumulator chain they feed: the rolling loop adds it to the next load's address. Without it
 // ptxas hoists that load above the unit's decode and keeps the old and the new words live
@@ -240,68 +247,13 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2   ? 2
 #pragma unroll
     for (int b = 0; b < RB * NB; b++) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
     const unsigned TL = p.tl, TH = p.th;
+    // Row block j's group gi: this lane's first unit of it.
+    auto unit = [&](int gi, int j) {
+      return wp + (GM ? static_cast<size_t>(j) * 96 : static_cast<size_t>(j) * KG * 96) +
+             static_cast<size_t>(gi) * SG;
+    };
 
-    if constexpr (PIPE >= 9) {
-      // The rolling loop (PIPE 9..13): PIPE 4..8's caps and chains. Each unit (group u, row
-      // block j) is decoded, fed to its mma, and then its registers take the next trip's load,
-      // pinned there by after_mma. ptxas still sinks a loop body's last loads to its end (their
-      // consumers are in the next iteration), so the body holds two trips: the first trip's
-      // loads, consumed by the second, stay among its math (session 19: gate_up at m = 16
-      // 0.1-1.0 % faster than PIPE 3 and 6 on four H200s, with the same 126-128 registers).
-      constexpr bool kTwoChains = RB == 1;
-      float acc2[RB * NB][4];
-#pragma unroll
-      for (int b = 0; b < RB * NB; b++) acc2[b][0] = acc2[b][1] = acc2[b][2] = acc2[b][3] = 0.f;
-      float(&accb)[RB * NB][4] = kTwoChains ? acc2 : acc;
-      const unsigned kz = static_cast<unsigned>(p.N) >> 31;
-      auto unit = [&](int gi, int j) {
-        return wp + (GM ? static_cast<size_t>(j) * 96 : static_cast<size_t>(j) * KG * 96) +
-               static_cast<size_t>(gi) * SG;
-      };
-      uint4 A0[UG][RB], A1[UG][RB], B[UG][RB];
-      if (KGW > 0) {
-#pragma unroll
-        for (int u = 0; u < UG; u++)
-#pragma unroll
-          for (int j = 0; j < RB; j++) {
-            const uint4* q = unit(u, j);
-            A0[u][j] = ld_stream(q);
-            A1[u][j] = ld_stream(q + 32);
-            B[u][j] = ld_stream(q + 64);
-          }
-      }
-      // One trip from the registers; `next` (a constant once inlined): load the next trip.
-      auto trip = [&](int i, bool next) {
-#pragma unroll
-        for (int u = 0; u < UG; u++) {
-          uint4 xa[NB], xb[NB];
-          x_frags<NB>(xr, i + u, xa, xb);
-#pragma unroll
-          for (int j = 0; j < RB; j++) {
-            decode_mma<NB>(A0[u][j], A1[u][j], B[u][j], TL, TH, xa, xb, acc, accb, j);
-            if (next) {
-              const uint4* q = unit(i + UG + u, j) + after_mma<NB>(acc, accb, j, kz);
-              A0[u][j] = ld_stream(q);
-              A1[u][j] = ld_stream(q + 32);
-              B[u][j] = ld_stream(q + 64);
-            }
-          }
-        }
-      };
-      int i = 0;
-      for (; i + 2 * UG < KGW; i += 2 * UG) {
-        trip(i, true);
-        trip(i + UG, true);
-      }
-      for (; i + UG < KGW; i += UG) trip(i, true);
-      if (KGW > 0) trip(i, false);
-      if constexpr (kTwoChains) {
-#pragma unroll
-        for (int b = 0; b < RB * NB; b++)
-#pragma unroll
-          for (int q = 0; q < 4; q++) acc[b][q] += acc2[b][q];
-      }
-    } else if constexpr (PIPE == 0 || PIPE >= 3) {
+    if constexpr (PIPE == 0 || PIPE >= 3) {
       // PIPE >= 4: the second half of each group's mma go to a second accumulator, so a trip's
       // chain of dependent mma is half as long (PIPE 0/3, and RB 2, whose two row blocks are
       // two chains already: accb is acc itself).
@@ -310,30 +262,60 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2   ? 2
 #pragma unroll
       for (int b = 0; b < RB * NB; b++) acc2[b][0] = acc2[b][1] = acc2[b][2] = acc2[b][3] = 0.f;
       float(&accb)[RB * NB][4] = kTwoChains ? acc2 : acc;
-      for (int i = 0; i < KGW; i += UG) {
+      if constexpr (PIPE >= 9) {
+        // The rolling loop (PIPE 9..13): PIPE 4..8's caps and chains. Each unit (group u, row
+        // block j) is decoded, fed to its mma, and then its registers take the next trip's
+        // load, pinned there by after_mma. ptxas still sinks a loop body's last loads to its end
+        // (their consumers are in the next iteration), so the body holds two trips: the first
+        // trip's loads, consumed by the second, stay among its math (session 19: gate_up at
+        // m = 16 0.1-1.0 % faster than PIPE 3 and 6 on four H200s, with the same 126-128
+        // registers).
+        const unsigned kz = static_cast<unsigned>(p.N) >> 31;
         uint4 A0[UG][RB], A1[UG][RB], B[UG][RB];
+        if (KGW > 0) {
 #pragma unroll
-        for (int u = 0; u < UG; u++)  // all loads first: 3 x 16 bytes per group per lane
+          for (int u = 0; u < UG; u++)
 #pragma unroll
-          for (int j = 0; j < RB; j++) {
-            const uint4* q = wp +
-                             (GM ? static_cast<size_t>(j) * 96 : static_cast<size_t>(j) * KG * 96) +
-                             static_cast<size_t>(i + u) * SG;
-            A0[u][j] = ld_stream(q);
-            A1[u][j] = ld_stream(q + 32);
-            B[u][j] = ld_stream(q + 64);
+            for (int j = 0; j < RB; j++) ld_unit(unit(u, j), A0[u][j], A1[u][j], B[u][j]);
+        }
+        // One trip from the registers; `next` (a constant once inlined): load the next trip.
+        auto trip = [&](int i, bool next) {
+#pragma unroll
+          for (int u = 0; u < UG; u++) {
+            uint4 xa[NB], xb[NB];
+            x_frags<NB>(xr, i + u, xa, xb);
+#pragma unroll
+            for (int j = 0; j < RB; j++) {
+              decode_mma<NB>(A0[u][j], A1[u][j], B[u][j], TL, TH, xa, xb, acc, accb, j);
+              if (next) {
+                ld_unit(unit(i + UG + u, j) + after_mma<NB>(acc, accb, j, kz), A0[u][j],
+                        A1[u][j], B[u][j]);
+              }
+            }
           }
+        };
+        int i = 0;
+        for (; i + 2 * UG < KGW; i += 2 * UG) {
+          trip(i, true);
+          trip(i + UG, true);
+        }
+        for (; i + UG < KGW; i += UG) trip(i, true);
+        if (KGW > 0) trip(i, false);
+      } else {
+        for (int i = 0; i < KGW; i += UG) {
+          uint4 A0[UG][RB], A1[UG][RB], B[UG][RB];
 #pragma unroll
-        for (int u = 0; u < UG; u++) {
-          uint4 xa[NB], xb[NB];  // k 8t..8t+7 of the group's first / second 32
+          for (int u = 0; u < UG; u++)  // all loads first: 3 x 16 bytes per group per lane
 #pragma unroll
-          for (int nb = 0; nb < NB; nb++) {
-            xa[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64));
-            xb[nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64 + 32));
+            for (int j = 0; j < RB; j++) ld_unit(unit(i + u, j), A0[u][j], A1[u][j], B[u][j]);
+#pragma unroll
+          for (int u = 0; u < UG; u++) {
+            uint4 xa[NB], xb[NB];  // k 8t..8t+7 of the group's first / second 32
+            x_frags<NB>(xr, i + u, xa, xb);
+#pragma unroll
+            for (int j = 0; j < RB; j++)
+              decode_mma<NB>(A0[u][j], A1[u][j], B[u][j], TL, TH, xa, xb, acc, accb, j);
           }
-#pragma unroll
-          for (int j = 0; j < RB; j++)
-            decode_mma<NB>(A0[u][j], A1[u][j], B[u][j], TL, TH, xa, xb, acc, accb, j);
         }
       }
       if constexpr (kTwoChains) {
@@ -347,36 +329,18 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2   ? 2
 #pragma unroll
       for (int u = 0; u < UG; u++)  // prologue: the first UG groups
 #pragma unroll
-        for (int j = 0; j < RB; j++) {
-          const uint4* q = wp +
-                           (GM ? static_cast<size_t>(j) * 96 : static_cast<size_t>(j) * KG * 96) +
-                           static_cast<size_t>(u) * SG;
-          A0[u][j] = ld_stream(q);
-          A1[u][j] = ld_stream(q + 32);
-          B[u][j] = ld_stream(q + 64);
-        }
+        for (int j = 0; j < RB; j++) ld_unit(unit(u, j), A0[u][j], A1[u][j], B[u][j]);
       for (int i = 0; i < KGW; i += UG) {
         uint4 xa[UG][NB], xb[UG][NB];
 #pragma unroll
-        for (int u = 0; u < UG; u++)
-#pragma unroll
-          for (int nb = 0; nb < NB; nb++) {
-            xa[u][nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64));
-            xb[u][nb] = __ldg(reinterpret_cast<const uint4*>(xr[nb] + (i + u) * 64 + 32));
-          }
+        for (int u = 0; u < UG; u++) x_frags<NB>(xr, i + u, xa[u], xb[u]);
         uint4 nA0[UG][RB], nA1[UG][RB], nB[UG][RB];
         if (i + UG < KGW) {  // next groups' weights in flight while these decode
 #pragma unroll
           for (int u = 0; u < UG; u++)
 #pragma unroll
-            for (int j = 0; j < RB; j++) {
-              const uint4* q =
-                  wp + (GM ? static_cast<size_t>(j) * 96 : static_cast<size_t>(j) * KG * 96) +
-                  static_cast<size_t>(i + UG + u) * SG;
-              nA0[u][j] = ld_stream(q);
-              nA1[u][j] = ld_stream(q + 32);
-              nB[u][j] = ld_stream(q + 64);
-            }
+            for (int j = 0; j < RB; j++)
+              ld_unit(unit(i + UG + u, j), nA0[u][j], nA1[u][j], nB[u][j]);
         }
 #pragma unroll
         for (int u = 0; u < UG; u++)
