@@ -71,6 +71,28 @@ __device__ __forceinline__ unsigned after_mma(const float (&acc)[NACC][4],
   return z;
 }
 
+// One trip from the weight registers A0, A1, B: each group's x fragments, then each unit's decode
+// and mma; with `next` (a constant once inlined; the rolling loop) the unit's registers then take
+// the next trip's load, pinned there by after_mma.
+template <int NB, int UG, int RB, int NACC, class Unit>
+__device__ __forceinline__ void trip(uint4 (&A0)[UG][RB], uint4 (&A1)[UG][RB], uint4 (&B)[UG][RB],
+                                     const unsigned short* const (&xr)[NB], int i, unsigned tl,
+                                     unsigned th, float (&acc)[NACC][4], float (&accb)[NACC][4],
+                                     bool next, const Unit& unit, unsigned kz) {
+#pragma unroll
+  for (int u = 0; u < UG; u++) {
+    uint4 xa[NB], xb[NB];  // k 8t..8t+7 of the group's first / second 32
+    x_frags<NB>(xr, i + u, xa, xb);
+#pragma unroll
+    for (int j = 0; j < RB; j++) {
+      decode_mma<NB>(A0[u][j], A1[u][j], B[u][j], tl, th, xa, xb, acc, accb, j);
+      if (next) {
+        ld_unit(unit(i + UG + u, j) + after_mma<NB>(acc, accb, j, kz), A0[u][j], A1[u][j], B[u][j]);
+      }
+    }
+  }
+}
+
 // The dense-row bits of a CTA's RB*16 rows.
 template <int RB>
 struct DenseMask {
@@ -262,6 +284,7 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2   ? 2
 #pragma unroll
       for (int b = 0; b < RB * NB; b++) acc2[b][0] = acc2[b][1] = acc2[b][2] = acc2[b][3] = 0.f;
       float(&accb)[RB * NB][4] = kTwoChains ? acc2 : acc;
+      const unsigned kz = static_cast<unsigned>(p.N) >> 31;
       if constexpr (PIPE >= 9) {
         // The rolling loop (PIPE 9..13): PIPE 4..8's caps and chains. Each unit (group u, row
         // block j) is decoded, fed to its mma, and then its registers take the next trip's
@@ -270,7 +293,6 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2   ? 2
         // trip's loads, consumed by the second, stay among its math (session 19: gate_up at
         // m = 16 0.1-1.0 % faster than PIPE 3 and 6 on four H200s, with the same 126-128
         // registers).
-        const unsigned kz = static_cast<unsigned>(p.N) >> 31;
         uint4 A0[UG][RB], A1[UG][RB], B[UG][RB];
         if (KGW > 0) {
 #pragma unroll
@@ -278,29 +300,13 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2   ? 2
 #pragma unroll
             for (int j = 0; j < RB; j++) ld_unit(unit(u, j), A0[u][j], A1[u][j], B[u][j]);
         }
-        // One trip from the registers; `next` (a constant once inlined): load the next trip.
-        auto trip = [&](int i, bool next) {
-#pragma unroll
-          for (int u = 0; u < UG; u++) {
-            uint4 xa[NB], xb[NB];
-            x_frags<NB>(xr, i + u, xa, xb);
-#pragma unroll
-            for (int j = 0; j < RB; j++) {
-              decode_mma<NB>(A0[u][j], A1[u][j], B[u][j], TL, TH, xa, xb, acc, accb, j);
-              if (next) {
-                ld_unit(unit(i + UG + u, j) + after_mma<NB>(acc, accb, j, kz), A0[u][j],
-                        A1[u][j], B[u][j]);
-              }
-            }
-          }
-        };
         int i = 0;
         for (; i + 2 * UG < KGW; i += 2 * UG) {
-          trip(i, true);
-          trip(i + UG, true);
+          trip<NB>(A0, A1, B, xr, i, TL, TH, acc, accb, true, unit, kz);
+          trip<NB>(A0, A1, B, xr, i + UG, TL, TH, acc, accb, true, unit, kz);
         }
-        for (; i + UG < KGW; i += UG) trip(i, true);
-        if (KGW > 0) trip(i, false);
+        for (; i + UG < KGW; i += UG) trip<NB>(A0, A1, B, xr, i, TL, TH, acc, accb, true, unit, kz);
+        if (KGW > 0) trip<NB>(A0, A1, B, xr, i, TL, TH, acc, accb, false, unit, kz);
       } else {
         for (int i = 0; i < KGW; i += UG) {
           uint4 A0[UG][RB], A1[UG][RB], B[UG][RB];
@@ -308,14 +314,7 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2   ? 2
           for (int u = 0; u < UG; u++)  // all loads first: 3 x 16 bytes per group per lane
 #pragma unroll
             for (int j = 0; j < RB; j++) ld_unit(unit(i + u, j), A0[u][j], A1[u][j], B[u][j]);
-#pragma unroll
-          for (int u = 0; u < UG; u++) {
-            uint4 xa[NB], xb[NB];  // k 8t..8t+7 of the group's first / second 32
-            x_frags<NB>(xr, i + u, xa, xb);
-#pragma unroll
-            for (int j = 0; j < RB; j++)
-              decode_mma<NB>(A0[u][j], A1[u][j], B[u][j], TL, TH, xa, xb, acc, accb, j);
-          }
+          trip<NB>(A0, A1, B, xr, i, TL, TH, acc, accb, false, unit, kz);
         }
       }
       if constexpr (kTwoChains) {
