@@ -170,7 +170,9 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
       {"z12.nw8 .ug2.nb2.pipe3", "field 'nw8 '"},
       {"z12.nw0x8.ug2.nb2.pipe3", "field 'nw0x8'"},
       {"z12.nw8.ug2.5.nb2.pipe3", "field '5'"},
-      {"z12.nw8.ug2.nb2.pipe3.s99999999999", "(s takes a decimal number)"},
+      {"z12.nw8.ug2.nb2.pipe3.s99999999999",
+       "field 's99999999999' is out of range (s takes a number of at most 9 digits)"},
+      {"z12.nw1234567890.ug2.nb2.pipe3", "field 'nw1234567890' is out of range"},
       {"z12.nw8.ug2.nb2.pipe1e1", "(pipe takes a decimal number)"},
       {"z12.nw8.ug2.nb2.pipe3.rbx", "(rb takes a decimal number)"},
       // Duplicates.

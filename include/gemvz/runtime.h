@@ -44,8 +44,8 @@ struct PrecompileResult {
   int shared_bytes = -1;
 };
 
-// Compiles (or finds on disk) one configuration for `arch` ("sm_90", "sm_90a", ...; empty: the
-// architecture of GPU 0, else sm_90).
+// Compiles (or finds on disk) one configuration for `arch` ("sm_90", "sm_90a", ...; empty:
+// $GEMVZ_ARCH, else the architecture of GPU 0, else sm_90).
 absl::StatusOr<PrecompileResult> Precompile(const KernelConfig& config, const std::string& arch);
 
 // Precompiles many in parallel on `threads` workers (0: all cores), calling `progress` after each

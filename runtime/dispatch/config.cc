@@ -1,6 +1,7 @@
 // KernelConfig text form and the validation rules every launch passes first.
 #include "gemvz/config.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -110,6 +111,16 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
       }
     }
     int value = 0;
+    if (which >= 0) {
+      const absl::string_view digits = p.substr(kNames[which].size());
+      if (digits.size() > 9 && std::all_of(digits.begin(), digits.end(), [](char ch) {
+            return absl::ascii_isdigit(static_cast<unsigned char>(ch));
+          })) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad configuration '", text, "': field '", p, "' is out of range (",
+                         kNames[which], " takes a number of at most 9 digits)"));
+      }
+    }
     if (which < 0 || !ParseFieldValue(p.substr(kNames[which].size()), &value)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bad configuration '", text, "': field '", p,

@@ -378,7 +378,9 @@ absl::StatusOr<std::string> DeviceArch(int device) {
   std::string arch;
   if (std::optional<std::string> forced = GetEnv("GEMVZ_ARCH")) {
     // Lets a user pick sm_90a (or test another target) without touching code.
-    RETURN_IF_ERROR(CheckArch(*forced));
+    if (absl::Status st = CheckArch(*forced); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("GEMVZ_ARCH: ", st.message()));
+    }
     arch = *forced;
   } else {
     RETURN_IF_ERROR(Driver().status());
@@ -399,6 +401,11 @@ absl::StatusOr<std::string> DeviceArch(int device) {
   absl::MutexLock lock(&mu);
   archs->emplace(device, arch);
   return arch;
+}
+
+absl::StatusOr<std::string> DefaultArch(int device) {
+  if (GetEnv("GEMVZ_ARCH").has_value() || DeviceCount() > 0) return DeviceArch(device);
+  return std::string("sm_90");
 }
 
 absl::StatusOr<std::shared_ptr<const CompiledKernel>> GetCompiledKernel(const KernelConfig& config,

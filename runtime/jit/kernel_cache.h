@@ -57,6 +57,11 @@ struct LoadedKernel {
 // The architecture NVRTC targets for `device`: "sm_<major><minor>" ("sm_90" on an H200).
 absl::StatusOr<std::string> DeviceArch(int device);
 
+// The architecture to compile for when none is named: GEMVZ_ARCH when set (checked), else
+// `device`'s when a GPU is visible, else sm_90 (the H200 this library targets), so that a machine
+// without a GPU warms a cache for one. What the tools' --arch and Precompile("") default to.
+absl::StatusOr<std::string> DefaultArch(int device);
+
 // Compiles or fetches the kernel for the device's architecture and loads it there. Cached per
 // (device, key): the second call costs a hash lookup.
 absl::StatusOr<LoadedKernel> GetKernel(int device, const KernelConfig& config);

@@ -33,8 +33,7 @@ namespace {
 
 absl::StatusOr<std::string> ResolveArch(const std::string& arch) {
   if (!arch.empty()) return arch;
-  if (internal::DeviceCount() > 0) return internal::DeviceArch(0);
-  return std::string("sm_90");
+  return internal::DefaultArch(0);
 }
 
 }  // namespace
