@@ -10,12 +10,15 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
@@ -104,6 +107,14 @@ class CliTest : public ::testing::Test {
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE((haystack).find(needle), std::string::npos) << "no '" << (needle) << "' in:\n" << (haystack)
 
+// A command line for `name` with `flags`: tune needs a configuration to get past its own checks,
+// and the other commands take no --config.
+std::vector<std::string> Args(const std::string& name, std::vector<std::string> flags) {
+  flags.insert(flags.begin(), name);
+  if (name == "tune") flags.push_back("--config=z12.nw8.ug2.nb1.pipe3.s1");
+  return flags;
+}
+
 const char* const kMeasureFlags[] = {"--replays", "--launches", "--rotate_mb", "--seed", "--pdl",
                                      "--device", "--j"};
 
@@ -163,10 +174,10 @@ TEST_F(CliTest, UnknownFlagsAndBadValuesFail) {
     const Result typed = Run({name, "--replays=many"});
     EXPECT_NE(typed.rc, 0) << name;
     EXPECT_CONTAINS(typed.err, "replays");
-    const Result zero = Run({name, "--replays=0", "--config=z12.nw8.ug2.nb1.pipe3.s1"});
+    const Result zero = Run(Args(name, {"--replays=0"}));
     EXPECT_EQ(zero.rc, 2) << name << ": " << zero.err;
     EXPECT_CONTAINS(zero.err, "bad --replays=0");
-    const Result rotate = Run({name, "--rotate_mb=0", "--config=z12.nw8.ug2.nb1.pipe3.s1"});
+    const Result rotate = Run(Args(name, {"--rotate_mb=0"}));
     EXPECT_EQ(rotate.rc, 2) << name;
     EXPECT_CONTAINS(rotate.err, "bad --rotate_mb=0");
     const Result extra = Run({name, "stray"});
@@ -186,6 +197,131 @@ TEST_F(CliTest, DashedFlagNamesAreAccepted) {
   EXPECT_CONTAINS(dashed_value.err, "4096-8192");
 }
 
+// Every flag is defined once for the whole program; each command takes only its own. The list a
+// command accepts (which its unknown-flag message prints) is exactly the flags its help text
+// documents, so neither can drift from the other.
+TEST_F(CliTest, EachCommandTakesExactlyTheFlagsItsHelpDocuments) {
+  const std::vector<std::string> names = ListedCommands();
+  ASSERT_GE(names.size(), 6u);
+  for (const std::string& name : names) {
+    std::set<std::string> documented;
+    for (absl::string_view line : absl::StrSplit(Run({name, "--help"}).out, '\n')) {
+      // "  --name=VALUE  what it does" or "  -o, --o=DIR ...": a flag's own line.
+      absl::string_view rest = absl::StripLeadingAsciiWhitespace(line);
+      if (rest.size() == line.size() || line.size() - rest.size() > 4) continue;
+      if (absl::ConsumePrefix(&rest, "-") && rest.size() > 2 && rest[1] == ',') rest.remove_prefix(3);
+      if (!absl::ConsumePrefix(&rest, "--") && !absl::ConsumePrefix(&rest, "-")) continue;
+      const size_t end = rest.find_first_not_of("abcdefghijklmnopqrstuvwxyz_");
+      documented.insert(std::string(rest.substr(0, end)));
+    }
+    const Result r = Run({name, "--no_such_flag"});
+    EXPECT_EQ(r.rc, 2) << name << ": " << r.err;
+    EXPECT_CONTAINS(r.err, "unknown flag '--no_such_flag'");
+    const size_t takes = r.err.find("it takes ");
+    ASSERT_NE(takes, std::string::npos) << r.err;
+    const size_t end = r.err.find(" (see", takes);
+    std::set<std::string> accepted;
+    for (absl::string_view flag :
+         absl::StrSplit(r.err.substr(takes + 9, end - takes - 9), ", ", absl::SkipEmpty())) {
+      absl::ConsumePrefix(&flag, "--");
+      accepted.insert(std::string(flag));
+    }
+    EXPECT_EQ(accepted, documented) << name;
+  }
+}
+
+TEST_F(CliTest, AnotherCommandsFlagOrAbseilsOwnIsAUsageError) {
+  for (const std::vector<std::string> args :
+       {std::vector<std::string>{"cache", "dir", "--sweep"}, {"demo", "--m=4"},
+        {"pack", "in.safetensors", "-o", "out", "--replays=3"}, {"cache", "list", "--helpfull"},
+        {"warmup", "--flagfile=x"}, {"bench", "--version"}}) {
+    const Result r = Run(args);
+    EXPECT_EQ(r.rc, 2) << absl::StrJoin(args, " ") << ": " << r.err;
+    EXPECT_CONTAINS(r.err, "unknown flag");
+  }
+  EXPECT_FALSE(Exists(dir_ + "/out"));
+  const Result help = Run({"help", "nosuch"});
+  EXPECT_EQ(help.rc, 2);
+  EXPECT_CONTAINS(help.err, "unknown command 'nosuch'");
+}
+
+// A value is taken as written: after "--" every argument is positional, and a value given as the
+// next argument keeps its dashes.
+TEST_F(CliTest, ArgumentsAfterDoubleDashAndSeparateValuesKeepTheirDashes) {
+  const Result file = Run({"pack", "-o", "out", "--", "-my-model.safetensors"});
+  EXPECT_EQ(file.rc, 1) << file.err;
+  EXPECT_CONTAINS(file.err, "'-my-model.safetensors'");
+  const Result value = Run({"bench", "--zero-rows", "-1,-2"});
+  EXPECT_EQ(value.rc, 2) << value.err;
+  EXPECT_CONTAINS(value.err, "bad --zero_rows entry '-1'");
+  const Result missing = Run({"bench", "--replays"});
+  EXPECT_EQ(missing.rc, 2);
+  EXPECT_CONTAINS(missing.err, "--replays needs a value");
+  const Result negated = Run({"tune", "--nosave", "--pdl=maybe"});
+  EXPECT_EQ(negated.rc, 2);
+  EXPECT_CONTAINS(negated.err, "bad --pdl=maybe");
+}
+
+// Everything that can be checked is checked before the long work: a bad --arch or GEMVZ_ARCH, an
+// output file that cannot be written, --zero_rows outside the shapes, --top below zero.
+TEST_F(CliTest, BadArchOutputPathsAndRangesFailBeforeAnyWork) {
+  const std::vector<std::vector<std::string>> commands = {
+      {"demo", "--shape=16x64"},
+      {"tune", "--shape=16x64", "--config=z12.nw1.ug1.nb1.pipe0.s1"},
+      {"warmup", "z12.nw1.ug1.nb1.pipe0"}};
+  for (std::vector<std::string> args : commands) {
+    args.push_back("--arch=sm_foo");
+    const Result r = Run(args);
+    EXPECT_EQ(r.rc, 2) << args[0] << ": " << r.err;
+    EXPECT_CONTAINS(r.err, "--arch: bad target architecture 'sm_foo'");
+  }
+  env_["GEMVZ_ARCH"] = "sm_foo";
+  for (const std::vector<std::string>& args : commands) {
+    const Result r = Run(args);
+    EXPECT_EQ(r.rc, 2) << args[0] << ": " << r.err;
+    EXPECT_CONTAINS(r.err, "GEMVZ_ARCH: bad target architecture 'sm_foo'");
+    EXPECT_FALSE(absl::StrContains(r.out, "Packing")) << r.out;
+  }
+  // GEMVZ_ARCH is the default --arch with or without a GPU.
+  env_["GEMVZ_ARCH"] = "sm_80";
+  const Result warm = Run({"warmup", "z12.nw8.ug2.nb1.pipe3"});
+  EXPECT_EQ(warm.rc, 0) << warm.err;
+  EXPECT_CONTAINS(warm.out, "1 kernels for sm_80");
+  env_.erase("GEMVZ_ARCH");
+
+  ASSERT_EQ(mkdir((dir_ + "/adir").c_str(), 0755), 0);
+  const std::vector<std::vector<std::string>> outputs = {
+      {"bench", "--json=adir"},
+      {"bench", "--plot=missing/chart.png"},
+      {"tune", "--config=z12.nw8.ug2.nb1.pipe3.s1", "--json=adir"},
+      {"warmup", "z12.nw8.ug2.nb1.pipe3", "--json=missing/w.json"},
+      {"pack", "in.safetensors", "-o", "out", "--json=adir"},
+      {"cache", "list", "--json=adir"}};
+  for (const std::vector<std::string>& args : outputs) {
+    const Result r = Run(args);
+    EXPECT_EQ(r.rc, 2) << absl::StrJoin(args, " ") << ": " << r.err;
+    EXPECT_TRUE(absl::StrContains(r.err, "is a directory") ||
+                absl::StrContains(r.err, "its directory 'missing' does not exist"))
+        << r.err;
+    EXPECT_FALSE(absl::StrContains(r.out, "compiled")) << r.out;
+  }
+  EXPECT_FALSE(Exists(dir_ + "/out"));
+
+  const Result rows = Run({"bench", "--zero_rows=5,99999"});
+  EXPECT_EQ(rows.rc, 2) << rows.err;
+  EXPECT_CONTAINS(rows.err, "--zero_rows: row 99999 is outside");
+  const Result tune_rows = Run({"tune", "--shape=64x64", "--config=z12.nw1.ug1.nb1.pipe0.s1",
+                                "--zero_rows=64"});
+  EXPECT_EQ(tune_rows.rc, 2) << tune_rows.err;
+  EXPECT_CONTAINS(tune_rows.err, "--zero_rows: row 64 is outside 64x64");
+  const Result top = Run({"tune", "--sweep", "--top=-5"});
+  EXPECT_EQ(top.rc, 2);
+  EXPECT_CONTAINS(top.err, "bad --top=-5");
+  const Result space = Run({"tune", "--space=adir"});
+  EXPECT_EQ(space.rc, 2);
+  EXPECT_CONTAINS(space.err, "Is a directory");
+}
+
 TEST_F(CliTest, BenchSequenceUsageErrorsSayWhy) {
   const Result bad = Run({"bench", "--sequence=4096x4096,nope"});
   EXPECT_EQ(bad.rc, 2) << bad.err;
@@ -200,7 +336,7 @@ TEST_F(CliTest, BenchSequenceUsageErrorsSayWhy) {
 TEST_F(CliTest, BadShapesAndRowCountsFailSayingWhy) {
   for (const char* name : {"demo", "bench", "tune"}) {
     for (const std::string shape : {"4096", "0x64", "axb", "4096x8192x2"}) {
-      const Result r = Run({name, "--shape=" + shape, "--config=z12.nw8.ug2.nb1.pipe3.s1"});
+      const Result r = Run(Args(name, {"--shape=" + shape}));
       EXPECT_EQ(r.rc, 2) << name << " --shape=" << shape << ": " << r.err;
       EXPECT_CONTAINS(r.err, "bad shape '" + shape + "'");
       EXPECT_CONTAINS(r.err, "NxK");
@@ -208,7 +344,7 @@ TEST_F(CliTest, BadShapesAndRowCountsFailSayingWhy) {
   }
   for (const char* name : {"bench", "tune"}) {
     for (const std::string m : {"0", "1,,8", "8,8", "x"}) {
-      const Result r = Run({name, "--m=" + m, "--config=z12.nw8.ug2.nb1.pipe3.s1"});
+      const Result r = Run(Args(name, {"--m=" + m}));
       EXPECT_EQ(r.rc, 2) << name << " --m=" << m << ": " << r.err;
       EXPECT_CONTAINS(r.err, "bad --m '" + m + "'");
     }

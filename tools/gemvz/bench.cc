@@ -62,7 +62,7 @@ const std::string& BenchUsage() {
       "                      Per m it prints the time of one pass for z12 and plain BF16, each\n"
       "                      launched plainly and with programmatic dependent launch, and for\n"
       "                      cuBLAS; --json writes schema gemvz.sequence/1 (default: off)\n",
-      kMeasureFlagsUsage,
+      kZeroRowsFlagUsage, kMeasureFlagsUsage,
       "\n"
       "Needs a GPU; without one it exits 1 and writes nothing. Exit status: 0 when every result\n"
       "is right, 1 when a check fails or something cannot run, 2 for a usage error.\n"
@@ -131,6 +131,14 @@ int RunBench(const std::vector<std::string>& args) {
       std::fprintf(stderr,
                    "gemvz bench: --sequence takes its shapes from its own list, draws no chart and "
                    "measures with and without PDL itself: drop --shape, --plot and --pdl\n");
+      return 2;
+    }
+  }
+  for (const absl::Status& st : {CheckZeroRows(*workload, sequence->empty() ? *shapes : *sequence),
+                                 CheckOutputFile("json", json_path),
+                                 CheckOutputFile("plot", plot_path)}) {
+    if (!st.ok()) {
+      std::fprintf(stderr, "gemvz bench: %s\n", std::string(st.message()).c_str());
       return 2;
     }
   }
@@ -221,4 +229,6 @@ int RunBench(const std::vector<std::string>& args) {
 
 GEMVZ_REGISTER_COMMAND(bench, "bench",
                        "time z12 vs plain BF16 vs cuBLAS vs the bandwidth ceiling on the GPU",
-                       gemvz::cli::BenchUsage().c_str(), gemvz::cli::RunBench);
+                       gemvz::cli::BenchUsage().c_str(), gemvz::cli::RunBench,
+                       "shape m json plot commit sequence zero_rows replays launches rotate_mb "
+                       "seed pdl device j");

@@ -31,12 +31,26 @@ const char kMeasureFlagsUsage[] =
     "  --pdl               launch the library's GEMVs (12-bit and plain) with programmatic\n"
     "                      dependent launch, so each starts while the previous one finishes;\n"
     "                      cuBLAS and the probe are launched as always (default false)\n"
-    "  --zero_rows=LIST    rows whose weights are all set to zero (padded vocabulary rows), to\n"
-    "                      measure what such rows cost; out-of-range rows are an error\n"
-    "                      (default: none)\n"
     "  --device=N          GPU ordinal (default 0)\n"
     "  --j=N               host threads for generating, packing, compiling and the reference\n"
     "                      (default 0: all cores)\n";
+
+const char kZeroRowsFlagUsage[] =
+    "  --zero_rows=LIST    rows whose weights are all set to zero (padded vocabulary rows), to\n"
+    "                      measure what such rows cost; a row outside a shape is an error\n"
+    "                      (default: none)\n";
+
+absl::Status CheckZeroRows(const WorkloadOptions& workload, const std::vector<MatrixShape>& shapes) {
+  for (int64_t row : workload.zero_rows) {
+    for (const MatrixShape& shape : shapes) {
+      if (row >= shape.n) {
+        return absl::InvalidArgumentError(absl::StrCat("--zero_rows: row ", row, " is outside ",
+                                                       shape.ToString(), " (", shape.n, " rows)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<TimingOptions> TimingFromFlags() {
   TimingOptions t;

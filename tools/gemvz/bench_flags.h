@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "tools/gemvz/bench_gpu.h"
@@ -25,5 +26,10 @@ uint64_t SeedFromFlag();
 
 // The flag lines each measuring command's usage text includes.
 extern const char kMeasureFlagsUsage[];
+// --zero_rows's lines, for bench and tune (demo runs its own default weights).
+extern const char kZeroRowsFlagUsage[];
+
+// Every --zero_rows row inside every shape, checked before anything long starts.
+absl::Status CheckZeroRows(const WorkloadOptions& workload, const std::vector<MatrixShape>& shapes);
 
 }  // namespace gemvz::cli

@@ -55,11 +55,6 @@ std::string NoGpuReason() {
   return "the CUDA driver reports no GPU";
 }
 
-std::string DefaultArch(int device) {
-  absl::StatusOr<std::string> arch = internal::DeviceArch(device);
-  return arch.ok() ? *arch : "sm_90";
-}
-
 // --- DeviceBuffer ------------------------------------------------------------------------------
 
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {

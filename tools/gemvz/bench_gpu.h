@@ -28,10 +28,6 @@ void Progress(const std::string& line);
 // Why no GPU can be used ("" when one can): the driver's load error, or no device.
 std::string NoGpuReason();
 
-// The architecture to compile for when --arch is not given: GEMVZ_ARCH, else the GPU's, else
-// sm_90 (the H200 this project targets) on a machine without one.
-std::string DefaultArch(int device);
-
 struct GpuInfo {
   int device = 0;
   std::string name;

@@ -2,6 +2,8 @@
 // GEMV and its error bound, tables, JSON and the gnuplot chart (bench_support.h says why each).
 #include "tools/gemvz/bench_support.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -616,6 +618,26 @@ nlohmann::json BenchReportToJson(const BenchReport& report) {
                     {"pct_bound_z12", g.pct_bound_z12}};
   doc["ok"] = all_ok;
   return doc;
+}
+
+absl::Status CheckOutputFile(const char* flag, const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": ", why));
+  };
+  struct stat info;
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) return bad("is a directory");
+  const std::string dir = internal::DirName(path);
+  if (::stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return bad(absl::StrCat("its directory '", dir, "' does not exist"));
+  }
+  // Named like the writer's own temporary files; it lives for two system calls.
+  const std::string probe = absl::StrCat(path, ".tmp.", ::getpid(), ".probe");
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return bad(absl::StrCat("cannot create a file beside it: ", std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
 }
 
 absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& doc) {

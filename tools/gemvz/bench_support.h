@@ -206,6 +206,11 @@ inline constexpr const char* kBenchSchema = "gemvz.bench/1";
 inline constexpr const char* kSequenceSchema = "gemvz.sequence/1";
 nlohmann::json BenchReportToJson(const BenchReport& report);
 
+// Whether the file `flag` names (--json=PATH, --plot=PATH) can be written, checked before a
+// command's work so that a bad path does not throw a long run away: not a directory, and a file
+// can be created beside it (a probe file, removed at once). An empty path is fine (not asked for).
+absl::Status CheckOutputFile(const char* flag, const std::string& path);
+
 // Writes JSON text to `path` atomically (temporary file, fsync, rename).
 absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& doc);
 // WriteJsonFile for a command's --json: prints "wrote PATH" on stdout, or the error on stderr as

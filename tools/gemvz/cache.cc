@@ -13,6 +13,7 @@
 #include "runtime/common/env.h"
 #include "runtime/common/file_util.h"
 #include "runtime/jit/disk_cache.h"
+#include "tools/gemvz/bench_support.h"
 #include "tools/gemvz/command.h"
 #include "tools/gemvz/common_flags.h"
 
@@ -82,6 +83,9 @@ int Fail(const std::string& message, int code = 1) {
 }
 
 int List(internal::DiskCache& cache) {
+  if (absl::Status st = CheckOutputFile("json", absl::GetFlag(FLAGS_json)); !st.ok()) {
+    return Fail(std::string(st.message()), 2);
+  }
   absl::StatusOr<std::vector<internal::DiskEntryInfo>> entries = cache.List(/*verify=*/true);
   if (!entries.ok()) return Fail(std::string(entries.status().message()));
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
@@ -121,9 +125,7 @@ int List(internal::DiskCache& cache) {
               cache.directory().c_str(),
               bad > 0 ? absl::StrCat(", ", bad, " invalid").c_str() : "");
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
-    if (absl::Status st = internal::AtomicWriteFile(path, j.dump(2) + "\n"); !st.ok()) {
-      return Fail(std::string(st.message()));
-    }
+    if (absl::Status st = WriteJsonFile(path, j); !st.ok()) return Fail(std::string(st.message()));
   }
   return 0;
 }
@@ -201,4 +203,5 @@ int RunCache(const std::vector<std::string>& args) {
 }  // namespace gemvz::cli
 
 GEMVZ_REGISTER_COMMAND(cache, "cache", "list, verify, prune or clear the kernel cache",
-                       gemvz::cli::kCacheUsage, gemvz::cli::RunCache);
+                       gemvz::cli::kCacheUsage, gemvz::cli::RunCache,
+                       "json cache_remove_bad cache_max_bytes");

@@ -1,5 +1,5 @@
 // The gemvz CLI's subcommand registry. Each subcommand lives in its own file and registers itself
-// with GEMVZ_REGISTER_COMMAND; main.cc finds it by name, handles --help, and parses absl flags.
+// with GEMVZ_REGISTER_COMMAND; main.cc finds it by name, handles --help, and parses its flags.
 #pragma once
 
 #include <string>
@@ -13,6 +13,10 @@ struct Command {
   const char* usage;    // full help text: synopsis, every flag, examples
   // Runs with the positional arguments left after flag parsing (the command name excluded).
   int (*run)(const std::vector<std::string>& args);
+  // The absl flags it takes, by name, separated by spaces ("shape m json"). Every flag is
+  // defined once for the whole program, so this list is what makes another command's flag
+  // (or absl's own, --helpfull, --flagfile) a usage error here instead of silently ignored.
+  const char* flags;
 };
 
 bool RegisterCommand(const Command& command);

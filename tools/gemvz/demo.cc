@@ -316,9 +316,14 @@ int RunDemo(const std::vector<std::string>& args) {
   }
   const int threads = absl::GetFlag(FLAGS_j);
 
+  absl::StatusOr<std::string> arch_or = ArchFromFlag(absl::GetFlag(FLAGS_device));
+  if (!arch_or.ok()) {
+    std::fprintf(stderr, "gemvz demo: %s\n", std::string(arch_or.status().message()).c_str());
+    return 2;
+  }
+  const std::string arch = *arch_or;
+
   const std::string no_gpu = NoGpuReason();
-  std::string arch = absl::GetFlag(FLAGS_arch);
-  if (arch.empty()) arch = DefaultArch(absl::GetFlag(FLAGS_device));
   int sm_count = DefaultDeviceLimits().sm_count;
   if (no_gpu.empty()) {
     absl::StatusOr<std::unique_ptr<GpuSession>> session =
@@ -356,4 +361,5 @@ int RunDemo(const std::vector<std::string>& args) {
 
 GEMVZ_REGISTER_COMMAND(demo, "demo",
                        "pack, round-trip, compile and (on a GPU) check and time the suite",
-                       gemvz::cli::DemoUsage().c_str(), gemvz::cli::RunDemo);
+                       gemvz::cli::DemoUsage().c_str(), gemvz::cli::RunDemo,
+                       "quick shape arch replays launches rotate_mb seed pdl device j");

@@ -1,12 +1,16 @@
 // gemvz: the command-line tool. `gemvz help` lists the subcommands; `gemvz CMD --help` explains one.
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "tools/gemvz/command.h"
 
 namespace gemvz::cli {
@@ -38,19 +42,98 @@ const Command* Find(const char* name) {
   return nullptr;
 }
 
+bool IsHelp(const char* arg) {
+  return std::strcmp(arg, "--help") == 0 || std::strcmp(arg, "-h") == 0 ||
+         std::strcmp(arg, "-help") == 0;
+}
+
+// Sets the command's flags from argv[2..] and collects its positional arguments. Flags are
+// --name=value, --name value (or one dash), --name and --noname for booleans; a name may use
+// dashes for underscores (--all-default). Everything after "--" is positional, as is "-" alone
+// (standard input). Only the command's own flags are taken. Returns 0, or 2 after printing what
+// is wrong.
+int ParseArgs(const Command& command, int argc, char** argv, std::vector<std::string>* positional) {
+  const std::vector<std::string> takes = absl::StrSplit(command.flags, ' ', absl::SkipEmpty());
+  auto find = [&](const std::string& name) -> absl::CommandLineFlag* {
+    if (std::find(takes.begin(), takes.end(), name) == takes.end()) return nullptr;
+    return absl::FindCommandLineFlag(name);
+  };
+  auto usage_error = [&](const std::string& message) {
+    std::fprintf(stderr, "gemvz %s: %s\n", command.name, message.c_str());
+    return 2;
+  };
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") {
+      positional->insert(positional->end(), argv + i + 1, argv + argc);
+      break;
+    }
+    if (arg.size() < 2 || arg[0] != '-') {
+      positional->push_back(arg);
+      continue;
+    }
+    const size_t dashes = arg[1] == '-' ? 2 : 1;
+    const size_t eq = arg.find('=');
+    std::string name = arg.substr(dashes, eq == std::string::npos ? std::string::npos : eq - dashes);
+    std::replace(name.begin(), name.end(), '-', '_');
+    std::optional<std::string> value;
+    if (eq != std::string::npos) value = arg.substr(eq + 1);
+    absl::CommandLineFlag* flag = find(name);
+    bool negated = false;
+    if (flag == nullptr && !value && absl::StartsWith(name, "no")) {
+      flag = find(name.substr(2));
+      negated = flag != nullptr && flag->IsOfType<bool>();
+      if (!negated) flag = nullptr;
+    }
+    if (flag == nullptr) {
+      std::vector<std::string> listed;
+      for (const std::string& t : takes) listed.push_back("--" + t);
+      return usage_error("unknown flag '" + arg.substr(0, eq) + "'; it takes " +
+                         absl::StrJoin(listed, ", ") + " (see gemvz " + command.name + " --help)");
+    }
+    const std::string shown = "--" + std::string(flag->Name());
+    if (flag->IsOfType<bool>()) {
+      if (!value) value = negated ? "false" : "true";
+    } else if (!value) {
+      if (i + 1 >= argc) return usage_error(shown + " needs a value");
+      value = argv[++i];
+    }
+    std::string error;
+    if (!flag->ParseFrom(*value, &error)) {
+      return usage_error("bad " + shown + "=" + *value + ": " + error);
+    }
+  }
+  return 0;
+}
+
+// A command that lists a flag no file defines is a bug of this program, found by any test that
+// runs the command.
+bool CheckFlagList(const Command& command) {
+  for (absl::string_view name : absl::StrSplit(command.flags, ' ', absl::SkipEmpty())) {
+    if (absl::FindCommandLineFlag(name) == nullptr) {
+      std::fprintf(stderr, "gemvz %s: internal error: it lists the flag --%s, which is not defined\n",
+                   command.name, std::string(name).c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 }  // namespace gemvz::cli
 
 int main(int argc, char** argv) {
   using gemvz::cli::Command;
-  absl::SetProgramUsageMessage("gemvz COMMAND [flags]; see 'gemvz help'");
-  if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0 ||
-      std::strcmp(argv[1], "-h") == 0) {
+  if (argc < 2 || std::strcmp(argv[1], "help") == 0 || gemvz::cli::IsHelp(argv[1])) {
     if (argc >= 3 && std::strcmp(argv[1], "help") == 0) {
-      if (const Command* c = gemvz::cli::Find(argv[2])) {
-        std::printf("%s", c->usage);
-        return 0;
+      const Command* c = gemvz::cli::Find(argv[2]);
+      if (c == nullptr) {
+        std::fprintf(stderr, "gemvz help: unknown command '%s'\n\n", argv[2]);
+        gemvz::cli::PrintOverview(stderr);
+        return 2;
       }
+      std::printf("%s", c->usage);
+      return 0;
     }
     gemvz::cli::PrintOverview(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
@@ -61,32 +144,15 @@ int main(int argc, char** argv) {
     gemvz::cli::PrintOverview(stderr);
     return 2;
   }
-  // argv without the command name; --help prints the command's own text, not every absl flag.
-  // Flag names may be written with dashes (--all-default): absl names use underscores.
-  std::vector<std::string> normalized;
-  normalized.reserve(argc);
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i >= 2 && a.size() > 2 && a[0] == '-' && a != "--") {
-      const size_t start = a.find_first_not_of('-');
-      const size_t end = std::min(a.find('='), a.size());
-      for (size_t c = start; c < end; ++c) {
-        if (a[c] == '-') a[c] = '_';
-      }
-    }
-    normalized.push_back(std::move(a));
-  }
-  for (int i = 0; i < argc; ++i) argv[i] = normalized[i].data();
-  std::vector<char*> rest = {argv[0]};
-  for (int i = 2; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0 ||
-        std::strcmp(argv[i], "-help") == 0) {
+  if (!gemvz::cli::CheckFlagList(*command)) return 70;
+  // --help anywhere before "--" prints the command's own text, whatever else is given.
+  for (int i = 2; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
+    if (gemvz::cli::IsHelp(argv[i])) {
       std::printf("%s", command->usage);
       return 0;
     }
-    rest.push_back(argv[i]);
   }
-  std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
-  std::vector<std::string> args(positional.begin() + 1, positional.end());
+  std::vector<std::string> args;
+  if (int rc = gemvz::cli::ParseArgs(*command, argc, argv, &args); rc != 0) return rc;
   return command->run(args);
 }

@@ -207,6 +207,10 @@ int RunPack(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gemvz pack: --j must be >= 0\n");
     return 2;
   }
+  if (absl::Status st = CheckOutputFile("json", absl::GetFlag(FLAGS_json)); !st.ok()) {
+    std::fprintf(stderr, "gemvz pack: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
   CheckpointPackOptions options;
   options.threads = absl::GetFlag(FLAGS_j);
   options.verify = absl::GetFlag(FLAGS_verify);
@@ -235,4 +239,5 @@ int RunPack(const std::vector<std::string>& args) {
 }  // namespace gemvz::cli
 
 GEMVZ_REGISTER_COMMAND(pack, "pack", "pack safetensors checkpoints into 12-bit safetensors files",
-                       gemvz::cli::kPackUsage, gemvz::cli::RunPack);
+                       gemvz::cli::kPackUsage, gemvz::cli::RunPack,
+                       "o verify j keep_nonfinite json");

@@ -3,7 +3,6 @@
 // space; --save writes the winners to the tuning file that the dispatcher reads.
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -14,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -22,6 +22,7 @@
 #include "gemvz/gemv.h"
 #include "gemvz/runtime.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/file_util.h"
 #include "runtime/dispatch/dispatcher.h"
 #include "runtime/gemv/device_state.h"
 #include "runtime/jit/kernel_cache.h"
@@ -89,7 +90,7 @@ const std::string& TuneUsage() {
       "  --json=FILE         write every measurement as JSON (schema gemvz.tune/1, docs/CLI.md)\n"
       "  --arch=sm_XX        compile for this architecture (default: $GEMVZ_ARCH, else the\n"
       "                      GPU's, else sm_90)\n",
-      kMeasureFlagsUsage,
+      kZeroRowsFlagUsage, kMeasureFlagsUsage,
       "\n"
       "Without a GPU, tune validates and compiles (useful to check that a configuration builds),\n"
       "then exits 1 saying that checking and timing need a GPU. Exit status: 0 when every valid\n"
@@ -146,13 +147,15 @@ absl::StatusOr<WeightFormat> ParseFormat(const std::string& text) {
 
 // The configurations of a --space file; lines that do not parse are reported and skipped.
 absl::StatusOr<std::vector<KernelConfig>> ReadSpaceFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("--space ", path, ": cannot open the file"));
+  absl::StatusOr<std::string> content = internal::ReadFile(path);
+  if (!content.ok()) {
+    return absl::Status(content.status().code(),
+                        absl::StrCat("--space: ", content.status().message()));
   }
   std::vector<KernelConfig> configs;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(*content, '\n')) {
+    ++number;
     absl::string_view text = absl::StripAsciiWhitespace(line);
     if (text.empty() || text[0] == '#') continue;
     absl::StatusOr<KernelConfig> config = KernelConfig::Parse(std::string(text));
@@ -387,6 +390,16 @@ int RunTune(const std::vector<std::string>& args) {
                                  sweep_format.status()}) {
     if (!st.ok()) return usage_error(std::string(st.message()));
   }
+  if (absl::Status st = CheckZeroRows(*workload, *shapes); !st.ok()) {
+    return usage_error(std::string(st.message()));
+  }
+  if (absl::Status st = CheckOutputFile("json", absl::GetFlag(FLAGS_json)); !st.ok()) {
+    return usage_error(std::string(st.message()));
+  }
+  if (absl::GetFlag(FLAGS_top) < 0) {
+    return usage_error(absl::StrCat("bad --top=", absl::GetFlag(FLAGS_top),
+                                    ": expected 0 (every line) or more"));
+  }
   const std::string config_text = absl::GetFlag(FLAGS_config);
   const std::string space_path = absl::GetFlag(FLAGS_space);
   const bool sweep = absl::GetFlag(FLAGS_sweep) || !space_path.empty();
@@ -407,6 +420,9 @@ int RunTune(const std::vector<std::string>& args) {
     if (!read.ok()) return usage_error(std::string(read.status().message()));
     space = *read;
   }
+  absl::StatusOr<std::string> arch_or = ArchFromFlag(absl::GetFlag(FLAGS_device));
+  if (!arch_or.ok()) return usage_error(std::string(arch_or.status().message()));
+  const std::string arch = *arch_or;
 
   // The GPU, when there is one, sets the limits, the architecture and the timing.
   const std::string no_gpu = NoGpuReason();
@@ -420,8 +436,6 @@ int RunTune(const std::vector<std::string>& args) {
     session = std::move(*opened);
   }
   const DeviceLimits limits = session ? session->info().limits : DefaultDeviceLimits();
-  std::string arch = absl::GetFlag(FLAGS_arch);
-  if (arch.empty()) arch = DefaultArch(absl::GetFlag(FLAGS_device));
   if (session && arch != session->info().arch) {
     std::fprintf(stderr,
                  "gemvz tune: note: compiling for --arch=%s too, but the GPU runs %s kernels: "
@@ -659,4 +673,6 @@ int RunTune(const std::vector<std::string>& args) {
 GEMVZ_REGISTER_COMMAND(tune, "tune",
                        "try any kernel configuration, or sweep and rank them; --save for the "
                        "dispatcher",
-                       gemvz::cli::TuneUsage().c_str(), gemvz::cli::RunTune);
+                       gemvz::cli::TuneUsage().c_str(), gemvz::cli::RunTune,
+                       "shape m config sweep sweep_format space top save json arch zero_rows "
+                       "replays launches rotate_mb seed pdl device j");

@@ -21,6 +21,7 @@
 #include "runtime/dispatch/dispatcher.h"
 #include "runtime/jit/config_list.h"
 #include "runtime/jit/kernel_cache.h"
+#include "tools/gemvz/bench_support.h"
 #include "tools/gemvz/command.h"
 #include "tools/gemvz/common_flags.h"
 
@@ -46,8 +47,8 @@ constexpr char kWarmupUsage[] =
     "is a run-time argument: z12.nw8.ug2.nb2.pipe3.s1 and .s4 are one kernel, compiled once.\n"
     "\n"
     "flags:\n"
-    "  --arch=ARCH      target architecture: sm_90, sm_90a, sm_80, ... (default: GPU 0's, and\n"
-    "                   sm_90 on a machine without a GPU)\n"
+    "  --arch=ARCH      target architecture: sm_90, sm_90a, sm_80, ... (default: $GEMVZ_ARCH,\n"
+    "                   else GPU 0's, else sm_90 on a machine without a GPU)\n"
     "  --configs=FILE   configurations, one per line, in the text form z12.nw8.ug2.nb2.pipe3.s1\n"
     "                   (format.nwN.ugN.nbN.pipeN[.rbN][.gm][.sN]); '#' starts a comment,\n"
     "                   blank lines are skipped; an invalid line stops the run before\n"
@@ -127,15 +128,12 @@ int RunWarmup(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gemvz warmup: %s\n", std::string(configs.status().message()).c_str());
     return 2;
   }
-  std::string arch = absl::GetFlag(FLAGS_arch);
-  if (arch.empty()) {
-    arch = "sm_90";
-    if (internal::DeviceCount() > 0) {
-      absl::StatusOr<std::string> a = internal::DeviceArch(0);
-      if (a.ok()) arch = *a;
-    }
+  absl::StatusOr<std::string> arch = ArchFromFlag(0);
+  if (!arch.ok()) {
+    std::fprintf(stderr, "gemvz warmup: %s\n", std::string(arch.status().message()).c_str());
+    return 2;
   }
-  if (absl::Status st = internal::CheckArch(arch); !st.ok()) {
+  if (absl::Status st = CheckOutputFile("json", absl::GetFlag(FLAGS_json)); !st.ok()) {
     std::fprintf(stderr, "gemvz warmup: %s\n", std::string(st.message()).c_str());
     return 2;
   }
@@ -143,13 +141,13 @@ int RunWarmup(const std::vector<std::string>& args) {
   if (threads <= 0) threads = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   const std::string cache_dir = CacheDirectory();
   std::fprintf(stderr, "gemvz warmup: %zu kernels for %s on %d threads into %s\n", configs->size(),
-               arch.c_str(), threads,
+               arch->c_str(), threads,
                cache_dir.empty() ? "memory only (disk cache disabled)" : cache_dir.c_str());
 
   const JitCounters before = GetJitCounters();
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<PrecompileResult>> results =
-      PrecompileAll(*configs, arch, threads, [](int done, int total, const PrecompileResult& r) {
+      PrecompileAll(*configs, *arch, threads, [](int done, int total, const PrecompileResult& r) {
         std::fprintf(stderr, "[%*d/%d] %-24s %-8s %8.1f ms\n", total >= 10 ? 2 : 1, done, total,
                      r.config.KernelName().c_str(), r.from_disk ? "hit" : "compiled", r.millis);
       });
@@ -172,7 +170,7 @@ int RunWarmup(const std::vector<std::string>& args) {
                 r.spill_bytes, r.shared_bytes, r.spill_bytes > 0 ? "  SPILLS" : "");
   }
   std::printf("%zu kernels for %s on %d threads in %.2f s: %d compiled, %d hits%s\n",
-              results->size(), arch.c_str(), threads, seconds, compiled, hits,
+              results->size(), arch->c_str(), threads, seconds, compiled, hits,
               compiled == 0 ? " (all hits)" : "");
   if (spilling > 0) {
     std::printf("warning: %d kernel(s) spill registers to local memory (see the SPILLS lines)\n",
@@ -194,7 +192,7 @@ int RunWarmup(const std::vector<std::string>& args) {
 
   if (const std::string json_path = absl::GetFlag(FLAGS_json); !json_path.empty()) {
     nlohmann::json j;
-    j["arch"] = arch;
+    j["arch"] = *arch;
     j["threads"] = threads;
     j["seconds"] = seconds;
     j["compiled"] = compiled;
@@ -208,10 +206,7 @@ int RunWarmup(const std::vector<std::string>& args) {
                               {"spill_bytes", r.spill_bytes},
                               {"shared_bytes", r.shared_bytes}});
     }
-    if (absl::Status st = internal::AtomicWriteFile(json_path, j.dump(2) + "\n"); !st.ok()) {
-      std::fprintf(stderr, "gemvz warmup: %s\n", std::string(st.message()).c_str());
-      return 1;
-    }
+    if (!WriteJsonReport("warmup", json_path, j)) return 1;
   }
   return status;
 }
@@ -220,4 +215,5 @@ int RunWarmup(const std::vector<std::string>& args) {
 }  // namespace gemvz::cli
 
 GEMVZ_REGISTER_COMMAND(warmup, "warmup", "precompile kernels into the disk cache (no GPU needed)",
-                       gemvz::cli::kWarmupUsage, gemvz::cli::RunWarmup);
+                       gemvz::cli::kWarmupUsage, gemvz::cli::RunWarmup,
+                       "arch configs all_default j json");
