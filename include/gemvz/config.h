@@ -101,8 +101,9 @@ struct DeviceLimits {
 // An H200's limits, for validating without a GPU.
 DeviceLimits DefaultDeviceLimits();
 
-// The configuration alone: value ranges, NW >= NB, NW + 1 >= RB * NB and static shared memory
-// within kMaxStaticSharedBytes.
+// The configuration alone: value ranges, NW >= NB, NW + 1 >= RB * NB except at RB 4 (the first
+// RB*NB*32 threads do the final reduction; RB 4's combine takes the fragments in turns), RB 4 with
+// S = 1 only, and static shared memory within kMaxStaticSharedBytes.
 absl::Status ValidateConfig(const KernelConfig& config);
 // The configuration against a shape and a device. The message names the rule that fails.
 absl::Status Validate(const KernelConfig& config, const GemvShape& shape,
