@@ -46,9 +46,10 @@ struct KernelConfig {
   // done) with minBlocks PIPE - 7 and the same chains.
   int pipe = 3;
   int splits = 1;  // S: CTAs sharing one row block's K range (split-K)
-  // z12 only: row blocks per CTA, 1 or 2. With 2 every streaming warp streams two 16-row blocks
-  // at once and feeds both from one load of x's fragments (fewer registers per byte in flight).
-  // Written ".rb2" before ".s" in the text form; RB 1 is written by leaving the field out.
+  // z12 only: row blocks per CTA, 1, 2 or 4 (4 with S = 1 only). With 2 or 4 every streaming warp
+  // streams that many 16-row blocks at once and feeds them all from one load of x's fragments
+  // (fewer registers per byte in flight). Written ".rb2"/".rb4" before ".s" in the text form; RB 1
+  // is written by leaving the field out.
   int rb = 1;
   // z12 only: the device order of the weights the kernel reads (WeightOrder). Written ".gm" after
   // RB and before ".s" for group-major; block-major is written by leaving the field out.
