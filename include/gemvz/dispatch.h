@@ -38,7 +38,8 @@ absl::StatusOr<std::vector<TunedChoice>> LoadTunedChoices();
 const std::vector<TunedChoice>& BuiltinTunedTable();
 
 // Every configuration worth timing for a shape (m rounded up to the launch's token blocks): the
-// valid combinations of NW, UG, NB, PIPE and S.
+// valid combinations of NW, UG, NB, PIPE, S and, for z12, RB (2 and 4 only where they can pay).
+// All are block-major; `gemvz tune` runs them in the order the shape's weights are uploaded in.
 std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format);
 
 // The device order a 12-bit [n, k] matrix gets on an `arch` GPU when its upload does not say
