@@ -279,8 +279,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter());
   w->path_ = path;
   w->temp_path_ = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
+  w->temp_registration_ = TempFileRegistration(w->temp_path_);  // before the file exists
   w->fd_ = ::open(w->temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (w->fd_ < 0) return ErrnoStatus(absl::StrCat("cannot create '", w->temp_path_, "'"));
+  w->owns_temp_ = true;
   // The data section starts 8-byte aligned, as the reference writer does.
   w->header_reserve_ = (std::max<uint64_t>(header_reserve, 2) + 7) / 8 * 8;
   w->data_offset_ = 8 + w->header_reserve_;
@@ -292,7 +294,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
 
 SafetensorsWriter::~SafetensorsWriter() {
   if (fd_ >= 0) ::close(fd_);
-  if (!published_ && !temp_path_.empty()) ::unlink(temp_path_.c_str());
+  if (owns_temp_ && !published_) ::unlink(temp_path_.c_str());
 }
 
 absl::Status SafetensorsWriter::WriteAll(const void* data, size_t size) {
@@ -419,6 +421,7 @@ absl::Status SafetensorsWriter::Publish() {
     return ErrnoStatus(absl::StrCat("cannot rename '", temp_path_, "' to '", path_, "'"));
   }
   published_ = true;
+  temp_registration_.Release();
   const int dfd = ::open(DirName(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/common/temp_files.h"
 
 namespace gemvz::internal {
 
@@ -117,6 +118,9 @@ class SafetensorsWriter {
   absl::Status WriteAll(const void* data, size_t size);
   std::string path_;
   std::string temp_path_;
+  bool owns_temp_ = false;  // created by this writer (not someone else's file of that name)
+  // Lets a signal handler remove the temporary file if the process is interrupted.
+  TempFileRegistration temp_registration_;
   int fd_ = -1;
   uint64_t header_reserve_ = 0;
   uint64_t data_offset_ = 0;

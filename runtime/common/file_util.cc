@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/common/temp_files.h"
 
 namespace gemvz::internal {
 namespace {
@@ -65,6 +66,8 @@ absl::Status AtomicWriteFileStreamed(
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".",
                                        std::hash<std::thread::id>()(std::this_thread::get_id()),
                                        ".", counter.fetch_add(1));
+  // Removed by a signal handler (temp_files.h) if the process is interrupted before the rename.
+  TempFileRegistration registration(tmp);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("cannot create", tmp);
   auto fail = [&](absl::Status s) {
