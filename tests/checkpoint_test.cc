@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -469,6 +470,76 @@ TEST(CheckpointTest, ConflictingInputsAreRefused) {
   }
 }
 
+// A failure while publishing several outputs leaves the output directory as it was: outputs
+// published before the failing one are taken back, and the files they replaced restored.
+TEST(CheckpointTest, PublishingIsAllOrNothing) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(seed);
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, seed));
+  WriteCheckpoint(dir + "/a.safetensors", {{"wa", "BF16", {16, 64}, m, true, ""}});
+  WriteCheckpoint(dir + "/b.safetensors", {{"wb", "BF16", {16, 64}, m, true, ""}});
+  const std::vector<std::string> inputs = {dir + "/a.safetensors", dir + "/b.safetensors"};
+  const std::string out = dir + "/out";
+  ASSERT_EQ(::mkdir(out.c_str(), 0755), 0);
+  // An earlier pack's a.safetensors (a stand-in): a failed pack must not lose it.
+  WriteAll(out + "/a.safetensors", "the previous a");
+
+  // `sabotage` runs once, when every tensor is written but nothing is published yet.
+  auto pack_with = [&](const std::function<void()>& sabotage) {
+    CheckpointPackOptions options;
+    bool done = false;
+    options.progress = [&](const PackProgress& p) {
+      if (!done && p.tensors_done == p.tensors_total && p.current.empty()) {
+        done = true;
+        sabotage();
+      }
+    };
+    return PackCheckpoint(inputs, out, options);
+  };
+
+  // A directory appears where b goes after the up-front checks: found before any rename.
+  absl::StatusOr<CheckpointPackReport> r =
+      pack_with([&] { ASSERT_EQ(::mkdir((out + "/b.safetensors").c_str(), 0755), 0); });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(out + "/b.safetensors"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("directory"), std::string::npos) << r.status();
+  EXPECT_EQ(ListDir(out), (std::vector<std::string>{"a.safetensors", "b.safetensors"}));
+  EXPECT_TRUE(ReadAll(out + "/a.safetensors") == "the previous a") << "the previous a is lost";
+  ASSERT_EQ(::rmdir((out + "/b.safetensors").c_str()), 0);
+
+  // b's rename fails after a's has replaced the previous a: a is restored.
+  r = pack_with([&] {
+    for (const std::string& n : ListDir(out)) {
+      if (n.rfind("b.safetensors.tmp.", 0) == 0) ::unlink((out + "/" + n).c_str());
+    }
+  });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot rename"), std::string::npos) << r.status();
+  EXPECT_EQ(r.status().message().find("rolling back failed"), std::string::npos) << r.status();
+  EXPECT_EQ(ListDir(out), (std::vector<std::string>{"a.safetensors"}));
+  EXPECT_TRUE(ReadAll(out + "/a.safetensors") == "the previous a") << "the previous a is lost";
+
+  // A directory in the way from the start fails before any work.
+  const std::string out2 = dir + "/out2";
+  ASSERT_EQ(::mkdir(out2.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((out2 + "/b.safetensors").c_str(), 0755), 0);
+  CheckpointPackOptions options;
+  int progress_calls = 0;
+  options.progress = [&](const PackProgress&) { ++progress_calls; };
+  r = PackCheckpoint(inputs, out2, options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("is a directory"), std::string::npos) << r.status();
+  EXPECT_EQ(progress_calls, 0);
+  EXPECT_EQ(ListDir(out2), (std::vector<std::string>{"b.safetensors"}));
+
+  // With nothing in the way both are published, the previous a replaced, nothing else left.
+  r = PackCheckpoint(inputs, out);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ListDir(out), (std::vector<std::string>{"a.safetensors", "b.safetensors"}));
+  EXPECT_TRUE(PackedCheckpoint::Open(out).ok());
+}
+
 TEST(CheckpointTest, CorruptPackedFilesAreCaught) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);
@@ -589,6 +660,15 @@ TEST(CheckpointTest, CommandLine) {
   EXPECT_NE(err.find(dir + "/bad.safetensors"), std::string::npos) << err;
   EXPECT_NE(err.find("unknown dtype 'Q8'"), std::string::npos) << err;
   EXPECT_TRUE(ListDir(dir + "/packed2").empty());
+  // A directory where the second output goes: exit 1, and the first output not put in place.
+  ASSERT_EQ(::mkdir((dir + "/packed3").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir + "/packed3/b.safetensors").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir + "/packed3/b.safetensors/x").c_str(), 0755), 0);
+  rc = RunTool("pack " + dir + "/a.safetensors " + dir + "/b.safetensors -o " + dir + "/packed3",
+               &out, &err, dir);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find(dir + "/packed3/b.safetensors"), std::string::npos) << err;
+  EXPECT_EQ(ListDir(dir + "/packed3"), (std::vector<std::string>{"b.safetensors"}));
   // Usage errors: exit 2.
   EXPECT_EQ(RunTool("pack " + dir + "/a.safetensors", &out, &err, dir), 2);
   EXPECT_NE(err.find("-o"), std::string::npos) << err;

@@ -387,7 +387,9 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
   }
   if (options.verify) driver.bytes_total_ *= 2;  // every byte is read again to verify it
   RETURN_IF_ERROR(internal::CreateDirectories(out_dir));
-  // Packing into the input's own directory would replace the input with its packed version.
+  // Packing into the input's own directory would replace the input with its packed version. A
+  // directory where an output goes would make the publish fail: better now than after the work
+  // (the publish checks again).
   for (const auto& f : files) {
     const std::string out_path = absl::StrCat(out_dir, "/", BaseName(f->path()));
     struct stat in_st, out_st;
@@ -396,20 +398,26 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
       return absl::InvalidArgumentError(
           absl::StrCat("output '", out_path, "' is the input itself; choose another -o"));
     }
+    if (::lstat(out_path.c_str(), &out_st) == 0 && S_ISDIR(out_st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("output '", out_path, "' is a directory; nothing was written"));
+    }
   }
 
-  // Written and verified under temporary names; published together at the end. Writers that are
-  // never published remove their temporary files when destroyed.
+  // Written and verified under temporary names; published together at the end, all or none (a
+  // file that fails to go into place takes back those before it and restores any it replaced).
+  // Writers that are never published remove their temporary files when destroyed. Every file the
+  // pack writes into out_dir must be one of these writers, or join the same PublishTogether.
   std::vector<std::unique_ptr<SafetensorsWriter>> writers;
   for (const auto& f : files) {
     std::unique_ptr<SafetensorsWriter> w;
     RETURN_IF_ERROR(driver.PackFile(*f, absl::StrCat(out_dir, "/", BaseName(f->path())), &w));
     writers.push_back(std::move(w));
   }
-  for (auto& w : writers) {
-    RETURN_IF_ERROR(w->Publish());
-    report.outputs.push_back(w->path());
-  }
+  std::vector<SafetensorsWriter*> publish;
+  for (auto& w : writers) publish.push_back(w.get());
+  RETURN_IF_ERROR(SafetensorsWriter::PublishTogether(publish));
+  for (auto& w : writers) report.outputs.push_back(w->path());
 
   for (const TensorPackReport& r : report.tensors) {
     report.input_bytes += r.input_bytes;

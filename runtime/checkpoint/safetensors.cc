@@ -414,18 +414,20 @@ absl::Status SafetensorsWriter::Finish() {
   return absl::OkStatus();
 }
 
-absl::Status SafetensorsWriter::Publish() {
-  if (!finished_) return absl::FailedPreconditionError("Publish before Finish");
-  if (published_) return absl::OkStatus();
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    return ErrnoStatus(absl::StrCat("cannot rename '", temp_path_, "' to '", path_, "'"));
+absl::Status SafetensorsWriter::Publish() { return PublishTogether({this}); }
+
+absl::Status SafetensorsWriter::PublishTogether(const std::vector<SafetensorsWriter*>& writers) {
+  std::vector<PendingRename> renames;
+  for (SafetensorsWriter* w : writers) {
+    if (!w->finished_) {
+      return absl::FailedPreconditionError(absl::StrCat("'", w->path_, "': Publish before Finish"));
+    }
+    if (!w->published_) renames.push_back({w->temp_path_, w->path_});
   }
-  published_ = true;
-  temp_registration_.Release();
-  const int dfd = ::open(DirName(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  RETURN_IF_ERROR(RenameAllOrNothing(renames));
+  for (SafetensorsWriter* w : writers) {
+    w->published_ = true;
+    w->temp_registration_.Release();
   }
   return absl::OkStatus();
 }

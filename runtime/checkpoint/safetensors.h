@@ -106,6 +106,9 @@ class SafetensorsWriter {
   absl::Status Finish();
   // Renames the finished file to its final name and makes the rename durable.
   absl::Status Publish();
+  // The same for several finished writers, all or none (RenameAllOrNothing): on error no final
+  // name has changed and each writer still removes its temporary file when destroyed.
+  static absl::Status PublishTogether(const std::vector<SafetensorsWriter*>& writers);
 
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return temp_path_; }

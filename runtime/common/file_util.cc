@@ -7,9 +7,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/common/log.h"
 #include "runtime/common/temp_files.h"
 
 namespace gemvz::internal {
@@ -17,6 +19,16 @@ namespace {
 
 absl::Status ErrnoError(const std::string& what, const std::string& path) {
   return ErrnoStatus(absl::StrCat(what, " '", path, "'"));
+}
+
+// Makes renames and unlinks in `dir` durable. Best effort: a directory that cannot be opened
+// for fsync (some network file systems) still holds the entries.
+void FsyncDir(const std::string& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
 }
 
 }  // namespace
@@ -100,11 +112,120 @@ absl::Status AtomicWriteFileStreamed(
     ::unlink(tmp.c_str());
     return s;
   }
-  // Make the rename itself durable.
-  const int dfd = ::open(DirName(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  FsyncDir(DirName(path));  // make the rename itself durable
+  return absl::OkStatus();
+}
+
+// NOTES: rename(2) is atomic for one name only; POSIX has no call that publishes several. So the
+// old files are kept under backup names until every new one is in place, and a failure puts them
+// back. Each backup is a hard link, so that every `to` always holds either its old or its new
+// file, never nothing (rename aside, with `to` missing meanwhile, only where the file system
+// has no hard links). The steps run to the end even if SIGINT/SIGTERM/SIGHUP arrive (the gemvz
+// handler defers them, temp_files.h). What remains: a crash, power loss or SIGKILL in the middle
+// of the renames leaves some `to`s new and some old, with the `.old.` backups of the replaced ones
+// beside them (never unlinked by a signal handler: they may be the only copy of the old file), and
+// the unpublished `from`s. Only swapping a whole directory would close that, which would replace
+// every other file of the output directory too.
+absl::Status RenameAllOrNothing(const std::vector<PendingRename>& renames) {
+  FatalSignalDeferral defer_signals;
+  static std::atomic<uint64_t> counter{0};
+
+  // Refuse what would fail before touching anything: a directory in the way, a name twice.
+  std::set<std::string> targets, dirs;
+  std::vector<bool> replaces(renames.size(), false);
+  for (size_t i = 0; i < renames.size(); ++i) {
+    const std::string& to = renames[i].to;
+    if (!targets.insert(to).second) {
+      return absl::InvalidArgumentError(absl::StrCat("'", to, "' would be published twice"));
+    }
+    dirs.insert(DirName(to));
+    struct stat st;
+    if (::lstat(to.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "cannot publish '", to, "': a directory is in the way (nothing was published)"));
+      }
+      replaces[i] = true;
+    } else if (errno != ENOENT) {
+      return ErrnoError("cannot publish: cannot stat", to);
+    }
+  }
+
+  struct Step {
+    std::string backup;  // "" when `to` did not exist
+    bool aside = false;  // the backup was made by renaming `to` away (no hard links)
+    bool renamed = false;
+  };
+  std::vector<Step> steps(renames.size());
+
+  // Undoes every step taken; says what could not be undone (with where the old file now is).
+  auto roll_back = [&](absl::Status error) {
+    std::string left;
+    for (size_t i = steps.size(); i-- > 0;) {
+      const Step& s = steps[i];
+      const std::string& to = renames[i].to;
+      if (s.renamed || s.aside) {
+        // The old file back in place, or the new one away when there was none.
+        const bool ok = s.backup.empty() ? ::unlink(to.c_str()) == 0
+                                         : ::rename(s.backup.c_str(), to.c_str()) == 0;
+        if (!ok) {
+          const int e = errno;
+          absl::StrAppend(&left, "; cannot restore '", to, "': ", std::strerror(e),
+                          s.backup.empty() ? std::string(" (it holds the new file)")
+                                           : absl::StrCat(" (the old file is '", s.backup, "')"));
+        }
+      } else if (!s.backup.empty()) {
+        ::unlink(s.backup.c_str());  // a link to the untouched `to`
+      }
+    }
+    for (const std::string& d : dirs) FsyncDir(d);
+    if (left.empty()) return error;
+    return absl::Status(error.code(), absl::StrCat(error.message(), "; rolling back failed", left));
+  };
+
+  // The old files: a second name each, so that they outlive the renames until all have worked.
+  for (size_t i = 0; i < renames.size(); ++i) {
+    if (!replaces[i]) continue;
+    const std::string& to = renames[i].to;
+    Step& s = steps[i];
+    s.backup = absl::StrCat(to, ".old.", ::getpid(), ".", counter.fetch_add(1));
+    if (::link(to.c_str(), s.backup.c_str()) == 0) continue;
+    if (errno == ENOENT) {  // removed since the check: nothing to keep
+      s.backup.clear();
+      continue;
+    }
+    if (::rename(to.c_str(), s.backup.c_str()) == 0) {
+      s.aside = true;
+      continue;
+    }
+    absl::Status error = ErrnoError(
+        absl::StrCat("cannot keep the old file aside as '", s.backup, "' before replacing"), to);
+    s.backup.clear();
+    return roll_back(std::move(error));
+  }
+
+  for (size_t i = 0; i < renames.size(); ++i) {
+    if (::rename(renames[i].from.c_str(), renames[i].to.c_str()) != 0) {
+      return roll_back(ErrnoStatus(absl::StrCat("cannot rename '", renames[i].from, "' to '",
+                                                renames[i].to, "' (nothing was published)")));
+    }
+    steps[i].renamed = true;
+  }
+  for (const std::string& d : dirs) FsyncDir(d);
+
+  // Every new file is in place: the old ones can go.
+  bool removed = false;
+  for (const Step& s : steps) {
+    if (s.backup.empty()) continue;
+    if (::unlink(s.backup.c_str()) == 0) {
+      removed = true;
+    } else {
+      GEMVZ_LOG_WARNING("cannot remove the old file's backup '%s': %s", s.backup,
+                        std::strerror(errno));
+    }
+  }
+  if (removed) {
+    for (const std::string& d : dirs) FsyncDir(d);
   }
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,6 +25,19 @@ absl::Status AtomicWriteFileStreamed(
     const std::string& path,
     const std::function<absl::Status(const std::function<absl::Status(const void*, size_t)>&)>&
         write);
+
+// A finished temporary file and the name it is to be published under.
+struct PendingRename {
+  std::string from;  // the temporary file
+  std::string to;    // its final name; a file already there is replaced
+};
+
+// Publishes several files together: on success every `from` is under its `to`; on error every
+// `to` is as it was before the call (a replaced file restored, a new one removed) and the `from`s
+// not yet renamed are left to the caller to remove. A directory in the way fails before anything
+// is touched. Signals that a handler defers (temp_files.h) wait until it returns. Not atomic
+// against a crash or SIGKILL: see the comment in file_util.cc.
+absl::Status RenameAllOrNothing(const std::vector<PendingRename>& renames);
 
 // A Status for the current errno: "<what>: <strerror>", NotFound / PermissionDenied / Internal.
 absl::Status ErrnoStatus(const std::string& what);

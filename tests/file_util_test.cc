@@ -1,0 +1,93 @@
+// Tests of publishing several files together (RenameAllOrNothing): all new files in place on
+// success, and on any failure every name as it was, replaced files' old bytes included, with no
+// backup left behind.
+#include "runtime/common/file_util.h"
+
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/support/temp_files.h"
+
+namespace gemvz::internal {
+namespace {
+
+using ::gemvz::testing::ListDir;
+using ::gemvz::testing::MakeTempDir;
+using ::gemvz::testing::ReadAll;
+using ::gemvz::testing::WriteAll;
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+TEST(RenameAllOrNothingTest, PublishesEveryFileAndReplacesOldOnes) {
+  const std::string dir = MakeTempDir("file_util_test");
+  WriteAll(dir + "/a", "old a");
+  WriteAll(dir + "/a.tmp", "new a");
+  WriteAll(dir + "/b.tmp", "new b");
+  ASSERT_TRUE(
+      RenameAllOrNothing({{dir + "/a.tmp", dir + "/a"}, {dir + "/b.tmp", dir + "/b"}}).ok());
+  EXPECT_EQ(ReadAll(dir + "/a"), "new a");
+  EXPECT_EQ(ReadAll(dir + "/b"), "new b");
+  // No temporary name and no backup of the old a left.
+  EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(RenameAllOrNothing({}).ok());
+}
+
+TEST(RenameAllOrNothingTest, ADirectoryInTheWayFailsBeforeAnythingMoves) {
+  const std::string dir = MakeTempDir("file_util_test");
+  WriteAll(dir + "/a", "old a");
+  WriteAll(dir + "/a.tmp", "new a");
+  WriteAll(dir + "/b.tmp", "new b");
+  ASSERT_EQ(::mkdir((dir + "/b").c_str(), 0755), 0);
+  WriteAll(dir + "/b/x", "in the way");
+  const absl::Status st =
+      RenameAllOrNothing({{dir + "/a.tmp", dir + "/a"}, {dir + "/b.tmp", dir + "/b"}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("'" + dir + "/b'"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("directory"), std::string::npos) << st;
+  EXPECT_EQ(ReadAll(dir + "/a"), "old a");
+  // The temporary files stay for their owner to remove.
+  EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"a", "a.tmp", "b", "b.tmp"}));
+  EXPECT_EQ(ReadAll(dir + "/b/x"), "in the way");
+}
+
+TEST(RenameAllOrNothingTest, AFailedRenameTakesBackTheOnesBefore) {
+  const std::string dir = MakeTempDir("file_util_test");
+  // a and c replace old files, b is new; the last rename fails (its temporary file is gone), after
+  // the others have been made.
+  WriteAll(dir + "/a", "old a");
+  WriteAll(dir + "/c", "old c");
+  WriteAll(dir + "/a.tmp", "new a");
+  WriteAll(dir + "/b.tmp", "new b");
+  const absl::Status st = RenameAllOrNothing(
+      {{dir + "/a.tmp", dir + "/a"}, {dir + "/b.tmp", dir + "/b"}, {dir + "/c.tmp", dir + "/c"}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("cannot rename '" + dir + "/c.tmp'"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("nothing was published"), std::string::npos) << st;
+  EXPECT_EQ(st.message().find("rolling back failed"), std::string::npos) << st;
+  EXPECT_EQ(ReadAll(dir + "/a"), "old a");
+  EXPECT_EQ(ReadAll(dir + "/c"), "old c");
+  EXPECT_FALSE(Exists(dir + "/b"));
+  // The renamed temporary files went with the rollback; no backup is left.
+  EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"a", "c"}));
+}
+
+TEST(RenameAllOrNothingTest, TheSameTargetTwiceIsRefused) {
+  const std::string dir = MakeTempDir("file_util_test");
+  WriteAll(dir + "/a.tmp", "1");
+  WriteAll(dir + "/b.tmp", "2");
+  const absl::Status st =
+      RenameAllOrNothing({{dir + "/a.tmp", dir + "/a"}, {dir + "/b.tmp", dir + "/a"}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("twice"), std::string::npos) << st;
+  EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"a.tmp", "b.tmp"}));
+}
+
+}  // namespace
+}  // namespace gemvz::internal
