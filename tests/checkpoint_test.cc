@@ -669,6 +669,14 @@ TEST(CheckpointTest, CommandLine) {
   EXPECT_EQ(rc, 1);
   EXPECT_NE(err.find(dir + "/packed3/b.safetensors"), std::string::npos) << err;
   EXPECT_EQ(ListDir(dir + "/packed3"), (std::vector<std::string>{"b.safetensors"}));
+  // A --json report that could not be written once the outputs are published: refused first.
+  rc = RunTool(
+      "pack " + dir + "/a.safetensors -o " + dir + "/packed4 --json=" + dir + "/no/such/dir/r.json",
+      &out, &err, dir);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(err.find("its directory '" + dir + "/no/such/dir' does not exist"), std::string::npos)
+      << err;
+  EXPECT_TRUE(ListDir(dir + "/packed4").empty());
   // Usage errors: exit 2.
   EXPECT_EQ(RunTool("pack " + dir + "/a.safetensors", &out, &err, dir), 2);
   EXPECT_NE(err.find("-o"), std::string::npos) << err;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "tools/gemvz/command.h"
+#include "tools/gemvz/signals.h"
 
 namespace gemvz::cli {
 
@@ -145,6 +146,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!gemvz::cli::CheckFlagList(*command)) return 70;
+  // Ctrl-C or a kill during pack, warmup or a --json write leaves no temporary file behind.
+  gemvz::cli::InstallTempFileCleanupOnSignals();
   // --help anywhere before "--" prints the command's own text, whatever else is given.
   for (int i = 2; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
     if (gemvz::cli::IsHelp(argv[i])) {
