@@ -11,7 +11,6 @@
 #include <map>
 #include <random>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,17 +39,8 @@ std::string Quote(const std::string& s) {
   return q + "'";
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-bool Exists(const std::string& path) {
-  struct stat info;
-  return stat(path.c_str(), &info) == 0;
-}
+using ::gemvz::testing::Exists;
+using ::gemvz::testing::ReadAll;
 
 bool HasGpu() { return gemvz::internal::DeviceCount() > 0; }
 

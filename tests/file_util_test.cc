@@ -14,15 +14,12 @@
 namespace gemvz::internal {
 namespace {
 
+using ::gemvz::testing::Exists;
 using ::gemvz::testing::ListDir;
 using ::gemvz::testing::MakeTempDir;
 using ::gemvz::testing::ReadAll;
 using ::gemvz::testing::WriteAll;
 
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::lstat(path.c_str(), &st) == 0;
-}
 
 TEST(RenameAllOrNothingTest, PublishesEveryFileAndReplacesOldOnes) {
   const std::string dir = MakeTempDir("file_util_test");

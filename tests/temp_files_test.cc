@@ -4,7 +4,6 @@
 // registered whole.
 #include "runtime/common/temp_files.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,14 +20,11 @@
 namespace gemvz::internal {
 namespace {
 
+using ::gemvz::testing::Exists;
 using ::gemvz::testing::ListDir;
 using ::gemvz::testing::MakeTempDir;
 using ::gemvz::testing::WriteAll;
 
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::lstat(path.c_str(), &st) == 0;
-}
 
 TEST(TempFilesTest, RegisteredFilesAreRemovedAndReleasedOnesKept) {
   const std::string dir = MakeTempDir("temp_files_test");

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <ftw.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -66,6 +67,11 @@ std::string ReadAll(const std::string& path) {
   while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) s.append(buf, n);
   std::fclose(f);
   return s;
+}
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return ::lstat(path.c_str(), &info) == 0;
 }
 
 void WriteAll(const std::string& path, const std::string& bytes) {

@@ -16,6 +16,9 @@ std::vector<std::string> ListDir(const std::string& dir);
 // The whole file, or "" when it cannot be read.
 std::string ReadAll(const std::string& path);
 
+// Whether anything (a file, a directory, a dangling link) is at `path`.
+bool Exists(const std::string& path);
+
 // Writes `bytes` to `path`, failing the current test on error.
 void WriteAll(const std::string& path, const std::string& bytes);
 
