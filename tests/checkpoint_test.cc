@@ -677,6 +677,12 @@ TEST(CheckpointTest, CommandLine) {
   EXPECT_NE(err.find("its directory '" + dir + "/no/such/dir' does not exist"), std::string::npos)
       << err;
   EXPECT_TRUE(ListDir(dir + "/packed4").empty());
+  // ... but the report may go into the output directory that the pack itself creates.
+  rc = RunTool("pack " + dir + "/a.safetensors -o " + dir + "/packed5/ --json=" + dir +
+                   "/packed5/report.json",
+               &out, &err, dir);
+  EXPECT_EQ(rc, 0) << err;
+  EXPECT_EQ(ListDir(dir + "/packed5"), (std::vector<std::string>{"a.safetensors", "report.json"}));
   // Usage errors: exit 2.
   EXPECT_EQ(RunTool("pack " + dir + "/a.safetensors", &out, &err, dir), 2);
   EXPECT_NE(err.find("-o"), std::string::npos) << err;

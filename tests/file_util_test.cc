@@ -4,7 +4,9 @@
 #include "runtime/common/file_util.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -20,7 +22,6 @@ using ::gemvz::testing::MakeTempDir;
 using ::gemvz::testing::ReadAll;
 using ::gemvz::testing::WriteAll;
 
-
 TEST(RenameAllOrNothingTest, PublishesEveryFileAndReplacesOldOnes) {
   const std::string dir = MakeTempDir("file_util_test");
   WriteAll(dir + "/a", "old a");
@@ -33,6 +34,30 @@ TEST(RenameAllOrNothingTest, PublishesEveryFileAndReplacesOldOnes) {
   // No temporary name and no backup of the old a left.
   EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"a", "b"}));
   EXPECT_TRUE(RenameAllOrNothing({}).ok());
+}
+
+// A backup left by a run that was killed (a pid used again, as in a container) may be the only
+// copy of an older file: a new backup takes another name and never replaces it.
+TEST(RenameAllOrNothingTest, ABackupLeftByAKilledRunIsNeverReplaced) {
+  const std::string dir = MakeTempDir("file_util_test");
+  WriteAll(dir + "/a", "old a");
+  WriteAll(dir + "/a.tmp", "new a");
+  // The names this process's next backups would take (the counter is below 64 here, so the
+  // first tries meet these; past them the publish goes on with a free name).
+  std::vector<std::string> left;
+  for (int n = 0; n < 64; ++n) {
+    left.push_back("a.old." + std::to_string(::getpid()) + "." + std::to_string(n));
+    WriteAll(dir + "/" + left.back(), "only copy " + std::to_string(n));
+  }
+  ASSERT_TRUE(RenameAllOrNothing({{dir + "/a.tmp", dir + "/a"}}).ok());
+  EXPECT_EQ(ReadAll(dir + "/a"), "new a");
+  for (int n = 0; n < 64; ++n) {
+    EXPECT_EQ(ReadAll(dir + "/" + left[n]), "only copy " + std::to_string(n));
+  }
+  std::vector<std::string> expected = left;
+  expected.push_back("a");
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(ListDir(dir), expected);
 }
 
 TEST(RenameAllOrNothingTest, ADirectoryInTheWayFailsBeforeAnythingMoves) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -188,16 +189,31 @@ absl::Status RenameAllOrNothing(const std::vector<PendingRename>& renames) {
     if (!replaces[i]) continue;
     const std::string& to = renames[i].to;
     Step& s = steps[i];
-    s.backup = absl::StrCat(to, ".old.", ::getpid(), ".", counter.fetch_add(1));
-    if (::link(to.c_str(), s.backup.c_str()) == 0) continue;
-    if (errno == ENOENT) {  // removed since the check: nothing to keep
+    // Neither way of keeping the old file may replace anything already at the backup's name: a
+    // backup left by a killed run (the same pid again, in a container) may be the only copy of
+    // some older file. So link(2), which never replaces, or rename with RENAME_NOREPLACE, and a
+    // fresh name when one is taken.
+    int e = EEXIST;
+    for (int attempt = 0; attempt < 100 && e == EEXIST; ++attempt) {
+      s.backup = absl::StrCat(to, ".old.", ::getpid(), ".", counter.fetch_add(1));
+      if (::link(to.c_str(), s.backup.c_str()) == 0) {
+        e = 0;
+      } else if (errno == EEXIST || errno == ENOENT) {
+        e = errno;
+      } else if (::renameat2(AT_FDCWD, to.c_str(), AT_FDCWD, s.backup.c_str(),
+                             RENAME_NOREPLACE) == 0) {  // no hard links here (EPERM, EXDEV...)
+        s.aside = true;
+        e = 0;
+      } else {
+        e = errno;
+      }
+    }
+    if (e == 0) continue;
+    if (e == ENOENT) {  // removed since the check: nothing to keep
       s.backup.clear();
       continue;
     }
-    if (::rename(to.c_str(), s.backup.c_str()) == 0) {
-      s.aside = true;
-      continue;
-    }
+    errno = e;
     absl::Status error = ErrnoError(
         absl::StrCat("cannot keep the old file aside as '", s.backup, "' before replacing"), to);
     s.backup.clear();

@@ -134,7 +134,7 @@ int RunBench(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  for (const absl::Status& st : {CheckZeroRows(*workload, sequence->empty() ? *shapes : *sequence),
+  for (const absl::Status& st : {ZeroRowsFromFlag(sequence->empty() ? *shapes : *sequence, &*workload),
                                  CheckOutputFile("json", json_path),
                                  CheckOutputFile("plot", plot_path)}) {
     if (!st.ok()) {

@@ -40,18 +40,6 @@ const char kZeroRowsFlagUsage[] =
     "                      measure what such rows cost; a row outside a shape is an error\n"
     "                      (default: none)\n";
 
-absl::Status CheckZeroRows(const WorkloadOptions& workload, const std::vector<MatrixShape>& shapes) {
-  for (int64_t row : workload.zero_rows) {
-    for (const MatrixShape& shape : shapes) {
-      if (row >= shape.n) {
-        return absl::InvalidArgumentError(absl::StrCat("--zero_rows: row ", row, " is outside ",
-                                                       shape.ToString(), " (", shape.n, " rows)"));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<TimingOptions> TimingFromFlags() {
   TimingOptions t;
   t.replays = absl::GetFlag(FLAGS_replays);
@@ -81,15 +69,25 @@ absl::StatusOr<WorkloadOptions> WorkloadFromFlags(uint64_t seed) {
     return absl::InvalidArgumentError(absl::StrCat("bad --j=", w.threads, ": expected >= 0"));
   }
   w.seed = seed;
+  return w;
+}
+
+absl::Status ZeroRowsFromFlag(const std::vector<MatrixShape>& shapes, WorkloadOptions* workload) {
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_zero_rows), ',', absl::SkipEmpty())) {
     int64_t row = -1;
     if (!absl::SimpleAtoi(part, &row) || row < 0) {
       return absl::InvalidArgumentError(absl::StrCat("bad --zero_rows entry '", part,
                                                      "': expected a row index >= 0"));
     }
-    w.zero_rows.push_back(row);
+    for (const MatrixShape& shape : shapes) {
+      if (row >= shape.n) {
+        return absl::InvalidArgumentError(absl::StrCat("--zero_rows: row ", row, " is outside ",
+                                                       shape.ToString(), " (", shape.n, " rows)"));
+      }
+    }
+    workload->zero_rows.push_back(row);
   }
-  return w;
+  return absl::OkStatus();
 }
 
 uint64_t SeedFromFlag() {

@@ -26,10 +26,11 @@ uint64_t SeedFromFlag();
 
 // The flag lines each measuring command's usage text includes.
 extern const char kMeasureFlagsUsage[];
-// --zero_rows's lines, for bench and tune (demo runs its own default weights).
+// --zero_rows's lines, for bench and tune. demo does not take the flag: its steps without a GPU
+// pack the suite's random weights as they are, and its GPU part runs the same weights.
 extern const char kZeroRowsFlagUsage[];
 
-// Every --zero_rows row inside every shape, checked before anything long starts.
-absl::Status CheckZeroRows(const WorkloadOptions& workload, const std::vector<MatrixShape>& shapes);
+// --zero_rows into `workload`, each row checked against every shape before anything long starts.
+absl::Status ZeroRowsFromFlag(const std::vector<MatrixShape>& shapes, WorkloadOptions* workload);
 
 }  // namespace gemvz::cli

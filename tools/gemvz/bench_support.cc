@@ -33,6 +33,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/common/file_util.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/common/temp_files.h"
 
 namespace gemvz::cli {
 namespace {
@@ -631,13 +632,22 @@ absl::Status CheckOutputFile(const char* flag, const std::string& path) {
   if (::stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
     return bad(absl::StrCat("its directory '", dir, "' does not exist"));
   }
-  // Named like the writer's own temporary files; it lives for two system calls.
-  const std::string probe = absl::StrCat(path, ".tmp.", ::getpid(), ".probe");
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return bad(absl::StrCat("cannot create a file beside it: ", std::strerror(errno)));
-  ::close(fd);
-  ::unlink(probe.c_str());
-  return absl::OkStatus();
+  // Named like the writer's own temporary files and registered like them, so that a signal
+  // removes it; a name already taken (left by a killed run with this pid) is passed over.
+  static std::atomic<uint64_t> counter{0};
+  int e = EEXIST;
+  for (int attempt = 0; attempt < 100 && e == EEXIST; ++attempt) {
+    const std::string probe = absl::StrCat(path, ".tmp.", ::getpid(), ".probe", counter++);
+    internal::TempFileRegistration registration(probe);
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(probe.c_str());
+      return absl::OkStatus();
+    }
+    e = errno;
+  }
+  return bad(absl::StrCat("cannot create a file beside it: ", std::strerror(e)));
 }
 
 absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& doc) {

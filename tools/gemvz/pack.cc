@@ -1,5 +1,6 @@
 // `gemvz pack`: safetensors checkpoints in, 12-bit packed safetensors out (PackCheckpoint), with a
 // progress bar on stderr and a per-tensor report on stdout.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,11 +10,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "gemvz/checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/file_util.h"
 #include "tools/gemvz/bench_support.h"
 #include "tools/gemvz/command.h"
 #include "tools/gemvz/common_flags.h"
@@ -42,9 +45,10 @@ constexpr char kPackUsage[] =
     "Inputs are memory-mapped and processed one tensor at a time. Outputs are written under\n"
     "temporary names, fsynced, and renamed into place only once all of them are complete (and\n"
     "verified with --verify), all or none: a failure leaves the output directory as it was (files\n"
-    "it would have replaced included) and no temporary file. So does Ctrl-C, SIGTERM or SIGHUP,\n"
-    "which then ends the run with the signal's exit status. An output name taken by a directory\n"
-    "fails the run before any work.\n"
+    "it would have replaced included; a directory it created stays, empty) and no temporary\n"
+    "file. So does Ctrl-C, SIGTERM or SIGHUP before the publish; one during it waits for the new\n"
+    "files to be in place. Either way the run ends with the signal's exit status and writes no\n"
+    "report. An output name taken by a directory fails the run before any work.\n"
     "\n"
     "flags:\n"
     "  -o, --o=DIR         output directory (required)\n"
@@ -210,7 +214,17 @@ int RunPack(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gemvz pack: --j must be >= 0\n");
     return 2;
   }
-  if (absl::Status st = CheckOutputFile("json", absl::GetFlag(FLAGS_json)); !st.ok()) {
+  // The report may go into -o itself, which the pack creates: there it is checked once it exists.
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  auto plain = [](std::string p) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    if (absl::StartsWith(p, "./") && p.size() > 2) p = p.substr(2);
+    return p;
+  };
+  struct stat out_info;
+  const bool into_new_out = !json_path.empty() && plain(internal::DirName(json_path)) == plain(out) &&
+                            ::stat(out.c_str(), &out_info) != 0;
+  if (absl::Status st = CheckOutputFile("json", into_new_out ? "" : json_path); !st.ok()) {
     std::fprintf(stderr, "gemvz pack: %s\n", std::string(st.message()).c_str());
     return 2;
   }
@@ -227,7 +241,6 @@ int RunPack(const std::vector<std::string>& args) {
     return 1;
   }
   PrintReport(*report);
-  const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) {
     // Atomically, as bench and tune write theirs: an interrupted run leaves no half report.
     if (absl::Status st = WriteJsonFile(json_path, ReportJson(*report)); !st.ok()) {

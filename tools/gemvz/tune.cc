@@ -390,7 +390,7 @@ int RunTune(const std::vector<std::string>& args) {
                                  sweep_format.status()}) {
     if (!st.ok()) return usage_error(std::string(st.message()));
   }
-  if (absl::Status st = CheckZeroRows(*workload, *shapes); !st.ok()) {
+  if (absl::Status st = ZeroRowsFromFlag(*shapes, &*workload); !st.ok()) {
     return usage_error(std::string(st.message()));
   }
   if (absl::Status st = CheckOutputFile("json", absl::GetFlag(FLAGS_json)); !st.ok()) {
