@@ -1,7 +1,6 @@
 // KernelConfig text form and the validation rules every launch passes first.
 #include "gemvz/config.h"
 
-#include <algorithm>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -18,12 +17,15 @@ namespace {
 
 // Digits only: SimpleAtoi alone would also take "+8", " 8" or "8 ", and the text form must stay
 // canonical so that a configuration has exactly one spelling.
-bool ParseFieldValue(absl::string_view digits, int* value) {
-  if (digits.empty() || digits.size() > 9) return false;
+enum class FieldValue { kOk, kNotDecimal, kTooLong };
+
+FieldValue ParseFieldValue(absl::string_view digits, int* value) {
+  if (digits.empty()) return FieldValue::kNotDecimal;
   for (char ch : digits) {
-    if (!absl::ascii_isdigit(static_cast<unsigned char>(ch))) return false;
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(ch))) return FieldValue::kNotDecimal;
   }
-  return absl::SimpleAtoi(digits, value);
+  if (digits.size() > 9 || !absl::SimpleAtoi(digits, value)) return FieldValue::kTooLong;
+  return FieldValue::kOk;
 }
 
 // What to lower when a configuration's static shared memory is too large.
@@ -111,17 +113,14 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
       }
     }
     int value = 0;
-    if (which >= 0) {
-      const absl::string_view digits = p.substr(kNames[which].size());
-      if (digits.size() > 9 && std::all_of(digits.begin(), digits.end(), [](char ch) {
-            return absl::ascii_isdigit(static_cast<unsigned char>(ch));
-          })) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("bad configuration '", text, "': field '", p, "' is out of range (",
-                         kNames[which], " takes a number of at most 9 digits)"));
-      }
+    const FieldValue parsed = which < 0 ? FieldValue::kNotDecimal
+                                        : ParseFieldValue(p.substr(kNames[which].size()), &value);
+    if (parsed == FieldValue::kTooLong) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad configuration '", text, "': field '", p, "' is out of range (",
+                       kNames[which], " takes a number of at most 9 digits)"));
     }
-    if (which < 0 || !ParseFieldValue(p.substr(kNames[which].size()), &value)) {
+    if (parsed != FieldValue::kOk) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bad configuration '", text, "': field '", p,
           "' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, gm, s<N>",
