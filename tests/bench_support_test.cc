@@ -19,6 +19,7 @@
 // The measuring machinery lives in the gemvz_bench_support library (CMakeLists.txt).
 #include "absl/strings/str_format.h"
 #include "gemvz/format.h"
+#include "tests/support/jit_test_util.h"
 #include "tests/support/temp_files.h"
 #include "tools/gemvz/bench_support.h"
 
@@ -687,12 +688,52 @@ TEST(PlotSpeedups, DrawsAPngWhenGnuplotIsInstalled) {
   for (const MatrixShape& s : SuiteShapes()) {
     for (int64_t m : {1, 8, 16}) cases.push_back(FakeCase(s, m, 10, 13, 14, 12));
   }
-  const absl::Status st = PlotSpeedups(cases, "it's a test", png);
+  const std::string tmp = dir + "/tmp";
+  ASSERT_EQ(mkdir(tmp.c_str(), 0755), 0);
+  absl::Status st;
+  {
+    gemvz::jit_test::ScopedEnv tmpdir("TMPDIR", tmp);
+    st = PlotSpeedups(cases, "it's a test", png);
+  }
   ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(gemvz::testing::ListDir(tmp).empty());
   std::ifstream in(png, std::ios::binary);
   char magic[8] = {0};
   in.read(magic, 8);
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+// gnuplot draws into a scratch directory; only a whole chart reaches the user's path, and the
+// scratch directory goes whatever happens. A fake gnuplot that writes half a file and fails stands
+// for a crash or a full disk mid-drawing.
+TEST(PlotSpeedups, NeverLeavesAHalfDrawnChartOrItsScratchDirectory) {
+  const std::string dir = TempDir();
+  const std::string bin = dir + "/bin";
+  const std::string tmp = dir + "/tmp";
+  ASSERT_EQ(mkdir(bin.c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(tmp.c_str(), 0755), 0);
+  const std::string fake = bin + "/gnuplot";
+  {
+    std::ofstream script(fake);
+    script << "#!/bin/sh\n"
+           << "out=$(sed -n \"s/^set output '\\(.*\\)'$/\\1/p\" \"$1\")\n"
+           << "printf '\\211PN' > \"$out\"\n"
+           << "echo 'fake gnuplot: disk full' >&2\n"
+           << "exit 1\n";
+  }
+  ASSERT_EQ(chmod(fake.c_str(), 0755), 0);
+  const char* old_path = std::getenv("PATH");
+  const std::string png = dir + "/chart.png";
+  absl::Status st;
+  {
+    gemvz::jit_test::ScopedEnv path("PATH", bin + ":" + (old_path == nullptr ? "" : old_path));
+    gemvz::jit_test::ScopedEnv tmpdir("TMPDIR", tmp);
+    st = PlotSpeedups({FakeCase(SuiteShapes()[0], 1, 10, 13, 14, 12)}, "t", png);
+  }
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
+  EXPECT_NE(st.message().find("disk full"), absl::string_view::npos) << st;
+  EXPECT_FALSE(gemvz::testing::Exists(png));
+  EXPECT_TRUE(gemvz::testing::ListDir(tmp).empty());
 }
 
 // --- The bandwidth probe kernel ------------------------------------------------------------------

@@ -42,6 +42,21 @@ TEST(TempFilesTest, RegisteredFilesAreRemovedAndReleasedOnesKept) {
   EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"b", "d"}));
 }
 
+TEST(TempFilesTest, ARegisteredDirectoryGoesAfterTheRegisteredFilesInIt) {
+  const std::string dir = MakeTempDir("temp_files_test");
+  ASSERT_TRUE(CreateDirectories(dir + "/scratch").ok());
+  ASSERT_TRUE(CreateDirectories(dir + "/kept").ok());
+  // The directory registered before its files, as PlotSpeedups does: the order must not matter.
+  TempFileRegistration d(dir + "/scratch");
+  TempFileRegistration f(dir + "/scratch/f");
+  TempFileRegistration k(dir + "/kept");  // not empty: rmdir leaves it and what is in it
+  WriteAll(dir + "/scratch/f", "f");
+  WriteAll(dir + "/kept/g", "g");
+  UnlinkTempFilesForSignal();
+  EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"kept"}));
+  EXPECT_TRUE(Exists(dir + "/kept/g"));
+}
+
 TEST(TempFilesTest, AFullRegistryRegistersNothingMoreAndRecovers) {
   const std::string dir = MakeTempDir("temp_files_test");
   std::vector<TempFileRegistration> all;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 
 #include "runtime/common/log.h"
@@ -31,6 +32,21 @@ Slot g_slots[kMaxTempFiles];
 
 std::atomic<int> g_deferral_depth;
 std::atomic<int> g_deferred_signal;
+
+// Copies the path of a live slot into `path`; false when the slot is free or was released or
+// refilled while being copied.
+bool CopyLivePath(Slot& s, char (&path)[kMaxTempPathBytes]) {
+  const uint32_t before = s.seq.load(std::memory_order_acquire);
+  if ((before & 1) == 0) return false;
+  size_t k = 0;
+  for (; k + 1 < kMaxTempPathBytes; ++k) {
+    path[k] = s.path[k].load(std::memory_order_relaxed);
+    if (path[k] == '\0') break;
+  }
+  path[k] = '\0';
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return s.seq.load(std::memory_order_relaxed) == before;
+}
 
 }  // namespace
 
@@ -78,20 +94,19 @@ void TempFileRegistration::Release() {
 
 int UnlinkTempFilesForSignal() {
   int tried = 0;
+  bool directories = false;
   char path[kMaxTempPathBytes];
   for (Slot& s : g_slots) {
-    const uint32_t before = s.seq.load(std::memory_order_acquire);
-    if ((before & 1) == 0) continue;
-    size_t k = 0;
-    for (; k + 1 < kMaxTempPathBytes; ++k) {
-      path[k] = s.path[k].load(std::memory_order_relaxed);
-      if (path[k] == '\0') break;
-    }
-    path[k] = '\0';
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (s.seq.load(std::memory_order_relaxed) != before) continue;  // released meanwhile
-    ::unlink(path);
+    if (!CopyLivePath(s, path)) continue;
+    if (::unlink(path) != 0 && errno == EISDIR) directories = true;
     ++tried;
+  }
+  // Registered directories go once the files above are gone: a scratch directory is registered
+  // with every file in it.
+  if (directories) {
+    for (Slot& s : g_slots) {
+      if (CopyLivePath(s, path)) ::rmdir(path);
+    }
   }
   return tried;
 }

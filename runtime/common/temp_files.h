@@ -14,7 +14,7 @@ namespace gemvz::internal {
 inline constexpr int kMaxTempFiles = 128;
 inline constexpr size_t kMaxTempPathBytes = 4096;  // PATH_MAX on Linux, the NUL included
 
-// Registers `path` as a temporary file of this process from construction until Release() or
+// Registers `path` as a temporary file (or directory) of this process from construction until Release() or
 // destruction. Register before the file is created, so that no signal finds it unregistered; the
 // names are unique to the process (pid and counter), so removing one that does not exist yet, or
 // any more, is harmless.
@@ -38,8 +38,10 @@ class TempFileRegistration {
   int slot_ = -1;
 };
 
-// Unlinks every registered temporary file. Async-signal-safe: no allocation, no locks, only
-// lock-free atomics and unlink(2). Returns how many paths it tried.
+// Unlinks every registered temporary file, then removes every registered directory (a scratch
+// directory is registered beside the files in it, so it is empty by then). Async-signal-safe: no
+// allocation, no locks, only lock-free atomics, unlink(2) and rmdir(2). Returns how many paths it
+// tried.
 int UnlinkTempFilesForSignal();
 
 // While one of these lives, a cooperating signal handler postpones its signal (DeferFatalSignal)

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -721,10 +722,25 @@ absl::Status PlotSpeedups(const std::vector<BenchCase>& cases, const std::string
         absl::StrCat("--plot: cannot create a temporary directory ", dir_template, ": ",
                      std::strerror(errno)));
   }
+  // gnuplot draws into the scratch directory and the chart is then published whole, so that a
+  // failed or interrupted run never leaves a half-drawn PNG at the user's path. The directory and
+  // every file in it are registered for removal on a signal, and removed on every return.
   const std::string dir = dir_template;
   const std::string data_path = dir + "/speedups.dat";
   const std::string script_path = dir + "/speedups.gp";
   const std::string log_path = dir + "/gnuplot.log";
+  const std::string scratch_png = dir + "/speedups.png";
+  internal::TempFileRegistration dir_registration(dir);
+  std::vector<internal::TempFileRegistration> file_registrations;
+  for (const std::string* p : {&data_path, &script_path, &log_path, &scratch_png}) {
+    file_registrations.emplace_back(*p);
+  }
+  absl::Cleanup remove_scratch = [&] {
+    for (const std::string* p : {&data_path, &script_path, &log_path, &scratch_png}) {
+      std::remove(p->c_str());
+    }
+    rmdir(dir.c_str());
+  };
   {
     std::ofstream data(data_path);
     data << "# label speedup_vs_cublas speedup_vs_plain\n";
@@ -745,9 +761,10 @@ absl::Status PlotSpeedups(const std::vector<BenchCase>& cases, const std::string
   absl::Status result = absl::OkStatus();
   // pngcairo draws better; builds without cairo only have png.
   for (const char* terminal : {"pngcairo size 1400,700 noenhanced", "png size 1400,700 noenhanced"}) {
+    std::remove(scratch_png.c_str());
     std::ofstream script(script_path, std::ios::trunc);
     script << "set terminal " << terminal << "\n"
-           << "set output " << GnuplotQuote(png_path) << "\n"
+           << "set output " << GnuplotQuote(scratch_png) << "\n"
            << "set title " << GnuplotQuote(title) << "\n"
            << "set style data histograms\n"
            << "set style histogram clustered gap 1\n"
@@ -770,8 +787,10 @@ absl::Status PlotSpeedups(const std::vector<BenchCase>& cases, const std::string
     const std::string cmd = absl::StrCat(ShellQuote(gnuplot), " ", ShellQuote(script_path),
                                          " > ", ShellQuote(log_path), " 2>&1");
     const int rc = std::system(cmd.c_str());
-    if (rc == 0 && access(png_path.c_str(), F_OK) == 0) {
-      result = absl::OkStatus();
+    if (rc == 0 && access(scratch_png.c_str(), F_OK) == 0) {
+      absl::StatusOr<std::string> png = internal::ReadFile(scratch_png);
+      result = png.ok() ? internal::AtomicWriteFile(png_path, *png) : png.status();
+      if (!result.ok()) result = absl::InternalError(absl::StrCat("--plot: ", result.message()));
       break;
     }
     std::ifstream log(log_path);
@@ -781,10 +800,6 @@ absl::Status PlotSpeedups(const std::vector<BenchCase>& cases, const std::string
                                               WIFEXITED(rc) ? WEXITSTATUS(rc) : rc,
                                               "): ", text.str()));
   }
-  std::remove(data_path.c_str());
-  std::remove(script_path.c_str());
-  std::remove(log_path.c_str());
-  rmdir(dir.c_str());
   return result;
 }
 
