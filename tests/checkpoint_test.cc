@@ -32,6 +32,7 @@
 namespace gemvz {
 namespace {
 
+using ::gemvz::testing::Exists;
 using ::gemvz::testing::ListDir;
 using ::gemvz::testing::MakeTempDir;
 using ::gemvz::testing::ReadAll;
@@ -320,7 +321,9 @@ TEST(CheckpointTest, NonFiniteWeightsAreRefusedOrKeptOnRequest) {
                           true,
                           ""},
                          {"bad.weight", "BF16", {32, 128}, Bf16Bytes(w), true, ""}});
-    const std::string out = dir + "/out" + std::to_string(bad);
+    // Two levels that do not exist yet: a failed pack takes back both.
+    const std::string new_dir = dir + "/new" + std::to_string(bad);
+    const std::string out = new_dir + "/out";
     absl::StatusOr<CheckpointPackReport> r = PackCheckpoint({in}, out);
     ASSERT_FALSE(r.ok());
     const std::string msg(r.status().message());
@@ -330,7 +333,7 @@ TEST(CheckpointTest, NonFiniteWeightsAreRefusedOrKeptOnRequest) {
               std::string::npos)
         << msg;
     EXPECT_NE(msg.find((bad & 0x7F) ? "NaN" : "Inf"), std::string::npos) << msg;
-    EXPECT_TRUE(ListDir(out).empty()) << "a failed pack left files behind";
+    EXPECT_FALSE(Exists(new_dir)) << "a failed pack left the directories it made";
 
     CheckpointPackOptions keep;
     keep.keep_nonfinite = true;

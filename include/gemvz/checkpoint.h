@@ -121,7 +121,8 @@ struct CheckpointPackReport {
 // the same file name. Every 2-D BF16 tensor whose shape CheckPackableShape accepts is packed; the
 // rest is copied as is. Files appear under their final names only once every one of them has been
 // written (and verified when asked), all or none: a failure leaves `out_dir` as it was (a file
-// that an output would have replaced is restored) and no temporary files.
+// that an output would have replaced is restored, directories made for it are removed) and no
+// temporary files.
 absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::string>& inputs,
                                                     const std::string& out_dir,
                                                     const CheckpointPackOptions& options = {});

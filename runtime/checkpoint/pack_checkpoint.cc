@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -386,7 +387,10 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
     files.push_back(std::move(f));
   }
   if (options.verify) driver.bytes_total_ *= 2;  // every byte is read again to verify it
-  RETURN_IF_ERROR(internal::CreateDirectories(out_dir));
+  // A failure takes back the directories made here, so that it leaves out_dir as it was.
+  std::vector<std::string> created_dirs;
+  absl::Cleanup remove_created_dirs = [&] { internal::RemoveCreatedDirectories(created_dirs); };
+  RETURN_IF_ERROR(internal::CreateDirectories(out_dir, &created_dirs));
   // Packing into the input's own directory would replace the input with its packed version. A
   // directory where an output goes would make the publish fail: better now than after the work
   // (the publish checks again).
@@ -417,6 +421,7 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
   std::vector<SafetensorsWriter*> publish;
   for (auto& w : writers) publish.push_back(w.get());
   RETURN_IF_ERROR(SafetensorsWriter::PublishTogether(publish));
+  std::move(remove_created_dirs).Cancel();
   for (auto& w : writers) report.outputs.push_back(w->path());
 
   for (const TensorPackReport& r : report.tensors) {

@@ -250,7 +250,7 @@ absl::Status AtomicWriteFile(const std::string& path, std::string_view data) {
   return AtomicWriteFileStreamed(path, [&](const auto& sink) { return sink(data.data(), data.size()); });
 }
 
-absl::Status CreateDirectories(const std::string& path) {
+absl::Status CreateDirectories(const std::string& path, std::vector<std::string>* created) {
   if (path.empty()) return absl::InvalidArgumentError("empty directory path");
   std::string cur;
   size_t pos = 0;
@@ -258,7 +258,9 @@ absl::Status CreateDirectories(const std::string& path) {
     pos = path.find('/', pos + 1);
     cur = path.substr(0, pos);
     if (cur.empty()) continue;
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (::mkdir(cur.c_str(), 0755) == 0) {
+      if (created != nullptr) created->push_back(cur);
+    } else if (errno != EEXIST) {
       return ErrnoError("cannot create directory", cur);
     }
   }
@@ -267,6 +269,10 @@ absl::Status CreateDirectories(const std::string& path) {
     return absl::FailedPreconditionError(absl::StrCat("'", path, "' is not a directory"));
   }
   return absl::OkStatus();
+}
+
+void RemoveCreatedDirectories(const std::vector<std::string>& created) {
+  for (auto it = created.rbegin(); it != created.rend(); ++it) ::rmdir(it->c_str());
 }
 
 }  // namespace gemvz::internal

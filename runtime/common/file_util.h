@@ -45,7 +45,11 @@ absl::Status ErrnoStatus(const std::string& what);
 // The directory part of `path` ("." when there is none).
 std::string DirName(const std::string& path);
 
-// mkdir -p.
-absl::Status CreateDirectories(const std::string& path);
+// mkdir -p. With `created`, appends the directories it made, outermost first (so that a caller
+// that fails later can take them back: RemoveCreatedDirectories).
+absl::Status CreateDirectories(const std::string& path, std::vector<std::string>* created = nullptr);
+
+// Removes `created` (from CreateDirectories), innermost first, each only if it is empty.
+void RemoveCreatedDirectories(const std::vector<std::string>& created);
 
 }  // namespace gemvz::internal
