@@ -9,7 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <ctime>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -306,6 +309,61 @@ TEST(DiskCacheTest, KeyLockExcludesAcrossOpenFiles) {
   EXPECT_EQ(code, 0) << "the lock did not exclude another process";
   held.reset();
   EXPECT_NE(b.LockKey(key), nullptr);
+}
+
+// Whether another open file description can take `key`'s lock now (it is released at once).
+bool LockIsFree(const std::string& dir, const std::string& key) {
+  const std::string path = absl::StrCat(dir, "/locks/", key, ".lock");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return true;
+  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  ::close(fd);
+  return free;
+}
+
+TEST(DiskCacheTest, SweepsNeverRemoveAHeldLock) {
+  // A lock file older than the orphan age, whose entry is missing: a process that misses the
+  // key now holds it while it compiles. Prune (another process's write) and Clear must not
+  // unlink it, or the next process would lock a fresh file and compile the key a second time.
+  for (int sweep = 0; sweep < 2; ++sweep) {
+    SCOPED_TRACE(sweep == 0 ? "prune" : "clear");
+    TempDir dir;
+    DiskCache holder(dir.path()), other(dir.path());
+    const std::string key = RandomKernel(1).key;
+    auto held = holder.LockKey(key);
+    ASSERT_NE(held, nullptr);
+    const std::string lock = absl::StrCat(dir.path(), "/locks/", key, ".lock");
+    SetMtime(lock, std::time(nullptr) - 7200);
+    ASSERT_TRUE(sweep == 0 ? other.Prune(int64_t{1} << 30).ok() : other.Clear().ok());
+    EXPECT_GE(FileSize(lock), 0) << "a held lock file was removed";
+    EXPECT_FALSE(LockIsFree(dir.path(), key)) << "two holders of one key lock";
+    held.reset();
+    // Unheld and orphaned, it goes.
+    ASSERT_TRUE(sweep == 0 ? other.Prune(int64_t{1} << 30).ok() : other.Clear().ok());
+    EXPECT_EQ(FileSize(lock), -1);
+  }
+}
+
+TEST(DiskCacheTest, KeyLockTakenOnARemovedFileIsTakenAgain) {
+  // A waiter that blocked on a lock file which its holder then removed must not come back
+  // holding the removed file: a newcomer would lock a new file at the same path.
+  TempDir dir;
+  DiskCache waiter_cache(dir.path());
+  const std::string key = RandomKernel(1).key;
+  ASSERT_TRUE(CreateDirectories(dir.Join("locks")).ok());
+  const std::string lock = absl::StrCat(dir.path(), "/locks/", key, ".lock");
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  std::unique_ptr<DiskCache::KeyLock> got;
+  std::thread waiter([&] { got = waiter_cache.LockKey(key); });
+  ::usleep(200 * 1000);  // the waiter is in flock on the file we hold
+  ASSERT_EQ(::unlink(lock.c_str()), 0);
+  ::close(fd);
+  waiter.join();
+  ASSERT_NE(got, nullptr);
+  EXPECT_GE(FileSize(lock), 0) << "the waiter holds a lock on a file that is gone";
+  EXPECT_FALSE(LockIsFree(dir.path(), key)) << "two holders of one key lock";
 }
 
 TEST(CacheDirectoryTest, FollowsTheEnvironment) {

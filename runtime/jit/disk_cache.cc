@@ -137,8 +137,18 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
 // Removes `path`; a file that is already gone (another process pruned it) is not an error.
 bool RemoveFile(const std::string& path) { return ::unlink(path.c_str()) == 0 || errno == ENOENT; }
 
-// Removes every file of `dirs` for which remove(dir, name, age in seconds) says so; what cannot
-// be listed or stat'ed is left alone.
+// Removes a lock file unless a process holds it. The unlink happens under the lock, and LockKey
+// checks after locking that its file is still the one at the path, so no two processes ever
+// hold one key's lock.
+void RemoveUnheldLock(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(path.c_str());
+  ::close(fd);
+}
+
+// Removes every file of `dirs` for which remove(dir, name, age in seconds) says so (a lock file
+// only when unheld); what cannot be listed or stat'ed is left alone.
 template <typename Pred>
 void SweepFiles(std::initializer_list<const std::string*> dirs, Pred remove) {
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
@@ -149,7 +159,12 @@ void SweepFiles(std::initializer_list<const std::string*> dirs, Pred remove) {
       const std::string path = absl::StrCat(*dir, "/", name);
       struct stat st;
       if (::stat(path.c_str(), &st) != 0) continue;
-      if (remove(dir, name, now - static_cast<int64_t>(st.st_mtim.tv_sec))) RemoveFile(path);
+      if (!remove(dir, name, now - static_cast<int64_t>(st.st_mtim.tv_sec))) continue;
+      if (EndsWith(name, kLockSuffix)) {
+        RemoveUnheldLock(path);
+      } else {
+        RemoveFile(path);
+      }
     }
   }
 }
@@ -325,15 +340,26 @@ std::unique_ptr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key) {
     }
   }
   const std::string path = absl::StrCat(locks_dir_, "/", key, kLockSuffix);
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return nullptr;
-  while (::flock(fd, LOCK_EX) != 0) {
-    if (errno != EINTR) {
-      ::close(fd);
-      return nullptr;
+  // A file system whose inode numbers do not stay put would retry forever; unlocked is still
+  // correct (publishing is atomic).
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return nullptr;
+    while (::flock(fd, LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        ::close(fd);
+        return nullptr;
+      }
     }
+    // A sweep may have removed the file while we waited for it: then lock the one at the path.
+    struct stat held, now;
+    if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+        held.st_ino == now.st_ino) {
+      return std::make_unique<KeyLock>(fd);
+    }
+    ::close(fd);
   }
-  return std::make_unique<KeyLock>(fd);
+  return nullptr;
 }
 
 absl::StatusOr<std::vector<DiskEntryInfo>> DiskCache::List(bool verify) const {
