@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <ctime>
 #include <memory>
 #include <string>
@@ -364,6 +365,19 @@ TEST(DiskCacheTest, KeyLockTakenOnARemovedFileIsTakenAgain) {
   ASSERT_NE(got, nullptr);
   EXPECT_GE(FileSize(lock), 0) << "the waiter holds a lock on a file that is gone";
   EXPECT_FALSE(LockIsFree(dir.path(), key)) << "two holders of one key lock";
+}
+
+TEST(DiskCacheTest, KeyLockAfterTheDirectoryWasRemoved) {
+  // `rm -rf` of the cache under a long-running process: the next miss must still lock its key
+  // (and so wait for another process compiling it) rather than run unlocked from then on.
+  TempDir dir;
+  DiskCache cache(dir.Join("cache"));
+  ASSERT_NE(cache.LockKey(RandomKernel(1).key), nullptr);
+  ASSERT_EQ(std::system(absl::StrCat("rm -rf '", dir.Join("cache"), "'").c_str()), 0);
+  const std::string key = RandomKernel(1).key;
+  auto held = cache.LockKey(key);
+  ASSERT_NE(held, nullptr);
+  EXPECT_FALSE(LockIsFree(dir.Join("cache"), key));
 }
 
 TEST(CacheDirectoryTest, FollowsTheEnvironment) {

@@ -342,9 +342,15 @@ std::unique_ptr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key) {
   const std::string path = absl::StrCat(locks_dir_, "/", key, kLockSuffix);
   // A file system whose inode numbers do not stay put would retry forever; unlocked is still
   // correct (publishing is atomic).
+  bool made_dir = false;
   for (int attempt = 0; attempt < 100; ++attempt) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return nullptr;
+    if (fd < 0) {
+      // The directory was removed since (rm -rf of the cache): make it again, once.
+      if (errno != ENOENT || made_dir || !CreateDirectories(locks_dir_).ok()) return nullptr;
+      made_dir = true;
+      continue;
+    }
     while (::flock(fd, LOCK_EX) != 0) {
       if (errno != EINTR) {
         ::close(fd);
