@@ -315,7 +315,7 @@ TEST(DiskCacheTest, KeyLockExcludesAcrossOpenFiles) {
 // Whether another open file description can take `key`'s lock now (it is released at once).
 bool LockIsFree(const std::string& dir, const std::string& key) {
   const std::string path = absl::StrCat(dir, "/locks/", key, ".lock");
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return true;
   const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
   ::close(fd);
@@ -378,6 +378,31 @@ TEST(DiskCacheTest, KeyLockAfterTheDirectoryWasRemoved) {
   auto held = cache.LockKey(key);
   ASSERT_NE(held, nullptr);
   EXPECT_FALSE(LockIsFree(dir.Join("cache"), key));
+}
+
+TEST(DiskCacheTest, KeyLockOfAnotherUsersLockFile) {
+  // A cache shared by several users (a group-writable directory, files made with umask 022):
+  // a lock file another user made is readable but not writable, and must still be locked, or
+  // the users' processes compile the same key side by side. Root ignores permissions, so the
+  // second user is a child that gives up root; without root both are one user.
+  TempDir dir;
+  const std::string key = RandomKernel(1).key;
+  {
+    DiskCache first(dir.path());
+    ASSERT_NE(first.LockKey(key), nullptr);
+  }
+  const std::string lock = absl::StrCat(dir.path(), "/locks/", key, ".lock");
+  ASSERT_EQ(::chmod(lock.c_str(), 0644), 0);
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(dir.Join("locks").c_str(), 0777), 0);
+  const int code = jit_test::RunInChild([&] {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) return 10;
+    DiskCache second(dir.path());
+    auto held = second.LockKey(key);
+    if (held == nullptr) return 11;
+    return LockIsFree(dir.path(), key) ? 12 : 0;
+  });
+  EXPECT_EQ(code, 0) << "11: no lock at all, 12: a lock that excludes nothing";
 }
 
 TEST(CacheDirectoryTest, FollowsTheEnvironment) {

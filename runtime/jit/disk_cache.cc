@@ -141,7 +141,7 @@ bool RemoveFile(const std::string& path) { return ::unlink(path.c_str()) == 0 ||
 // checks after locking that its file is still the one at the path, so no two processes ever
 // hold one key's lock.
 void RemoveUnheldLock(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
   if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(path.c_str());
   ::close(fd);
@@ -344,7 +344,8 @@ std::unique_ptr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key) {
   // correct (publishing is atomic).
   bool made_dir = false;
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // Read-only: flock needs no write access, so a lock file another user made still locks.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
       // The directory was removed since (rm -rf of the cache): make it again, once.
       if (errno != ENOENT || made_dir || !CreateDirectories(locks_dir_).ok()) return nullptr;
