@@ -128,6 +128,25 @@ TEST_F(JitGpuTest, DiskHitToLoadedFunctionTime) {
   std::printf("memory hit (cached CUfunction lookup): %.0f ns per call\n", ns);
 }
 
+// A kernel built for an architecture the device cannot run (what GEMVZ_ARCH=sm_100 on an H200
+// asks for) fails to load with a message that says which kernel, built for what, on which device.
+TEST_F(JitGpuTest, AKernelForAnotherArchitectureSaysWhatItWasBuiltFor) {
+  auto arch = DeviceArch(0);
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  const std::string other = *arch == "sm_100" ? "sm_90" : "sm_100";
+  if (!CheckArch(other).ok()) GTEST_SKIP() << "this NVRTC cannot target " << other;
+  TempDir dir;
+  KernelCache cache(RealKernelsIn(dir.path()));
+  const KernelConfig c = KernelConfig::Parse("z12.nw8.ug2.nb2.pipe3").value();
+  auto k = cache.Load(0, RequestForConfig(c, other));
+  ASSERT_FALSE(k.ok());
+  const std::string msg(k.status().message());
+  EXPECT_NE(msg.find(c.KernelName()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("built for " + other), std::string::npos) << msg;
+  EXPECT_NE(msg.find("on device 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cuModuleLoadData"), std::string::npos) << msg;
+}
+
 TEST_F(JitGpuTest, ToolKernelsLoadByName) {
   TempDir dir;
   jit_test::ScopedEnv cache_dir("GEMVZ_CACHE_DIR", dir.path());

@@ -277,16 +277,28 @@ absl::StatusOr<LoadedKernel> KernelCache::LoadCompiled(
     int device, std::shared_ptr<const CompiledKernel> compiled) {
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(ScopedDeviceContext scope, ScopedDeviceContext::Enter(device));
+  // A failed load names the kernel, the architecture it was built for and the device, since the
+  // likeliest cause is a GEMVZ_ARCH that the device cannot run (sm_100 on an H200).
+  auto which = [&](const absl::Status& st) {
+    const std::optional<std::string> env_arch = GetEnv("GEMVZ_ARCH");
+    return absl::Status(
+        st.code(),
+        absl::StrCat("loading kernel ", compiled->kernel_name, " (built for ", compiled->arch,
+                     env_arch ? absl::StrCat(", GEMVZ_ARCH=", *env_arch) : std::string(),
+                     ") on device ", device, ": ", st.message()));
+  };
+  ASSIGN_OR_RETURN(const DriverApi* const driver, Driver());
   CUmodule module = nullptr;
-  CU_RETURN_IF_ERROR(cuModuleLoadData(&module, compiled->cubin.data()));
+  if (const CUresult r = driver->cuModuleLoadData(&module, compiled->cubin.data());
+      r != CUDA_SUCCESS) {
+    return which(CuResultToStatus(r, "cuModuleLoadData", __FILE__, __LINE__));
+  }
   CUfunction function = nullptr;
-  auto driver = Driver();
-  const CUresult r =
-      (*driver)->cuModuleGetFunction(&function, module, compiled->lowered_name.c_str());
+  const CUresult r = driver->cuModuleGetFunction(&function, module, compiled->lowered_name.c_str());
   if (r != CUDA_SUCCESS) {
-    (*driver)->cuModuleUnload(module);
-    return CuResultToStatus(r, "cuModuleGetFunction(lowered name of the kernel)", __FILE__,
-                            __LINE__);
+    driver->cuModuleUnload(module);
+    return which(CuResultToStatus(r, "cuModuleGetFunction(lowered name of the kernel)", __FILE__,
+                                  __LINE__));
   }
   counters_.module_loads.fetch_add(1, std::memory_order_relaxed);
   modules_.emplace_back(device, module);
