@@ -221,6 +221,11 @@ TEST(CompilerTest, NvrtcVersionIsKnown) {
   const std::string v = NvrtcVersionString();
   EXPECT_NE(v, "unknown");
   EXPECT_NE(v.find('.'), std::string::npos) << v;
+  // The library file, named without its directory, with its size and time.
+  const std::string lib = NvrtcLibraryIdentity();
+  EXPECT_EQ(lib.rfind("libnvrtc.so", 0), 0u) << lib;
+  EXPECT_NE(lib.find(" bytes, mtime "), std::string::npos) << lib;
+  EXPECT_EQ(lib.find('/'), std::string::npos) << lib;
 }
 
 }  // namespace

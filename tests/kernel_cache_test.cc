@@ -173,6 +173,7 @@ TEST(KernelCacheTest, KeyChangesWithWhatDeterminesTheBinaryAndNothingElse) {
   CacheKeyInputs in;
   in.library_version = LibraryVersion();
   in.nvrtc_version = NvrtcVersionString();
+  in.nvrtc_library = NvrtcLibraryIdentity();
   in.arch = "sm_90";
   in.options = CanonicalOptions("sm_90", {});
   in.sources = base.sources().files();
@@ -180,12 +181,13 @@ TEST(KernelCacheTest, KeyChangesWithWhatDeterminesTheBinaryAndNothingElse) {
   in.name_expression = "gemvz_z12_kernel<8, 2, 2, 3>";
   const std::string v0 = ComputeCacheKey(in);
   EXPECT_EQ(ComputeCacheKey(in), v0);
-  for (int field = 0; field < 4; ++field) {
+  for (int field = 0; field < 5; ++field) {
     CacheKeyInputs changed = in;
     if (field == 0) changed.schema_version += 1;
     if (field == 1) changed.library_version += ".1";
     if (field == 2) changed.nvrtc_version = "99.9";
     if (field == 3) changed.generated_source += "\n";
+    if (field == 4) changed.nvrtc_library += " (patched)";
     EXPECT_NE(ComputeCacheKey(changed), v0) << "field " << field;
   }
 }

@@ -23,6 +23,8 @@ std::string ComputeCacheKey(const CacheKeyInputs& in) {
   h.UpdateField(in.library_version);
   h.UpdateField("nvrtc");
   h.UpdateField(in.nvrtc_version);
+  h.UpdateField("nvrtc-library");
+  h.UpdateField(in.nvrtc_library);
   h.UpdateField("arch");
   h.UpdateField(in.arch);
   h.UpdateField(absl::StrCat("options=", in.options.size()));

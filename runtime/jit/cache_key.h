@@ -16,6 +16,7 @@ struct CacheKeyInputs {
   int schema_version = kJitSchemaVersion;
   std::string library_version;          // GEMVZ_VERSION
   std::string nvrtc_version;            // "13.0"
+  std::string nvrtc_library;            // NvrtcLibraryIdentity(): the patch release's file
   std::string arch;                     // "sm_90"
   std::vector<std::string> options;     // CanonicalOptions(): order matters to NVRTC, so kept
   std::vector<EmbeddedSource> sources;  // every header NVRTC sees; sorted by name inside

@@ -121,6 +121,7 @@ absl::StatusOr<std::string> KernelCache::KeyFor(const CompileRequest& request) c
   CacheKeyInputs in;
   in.library_version = LibraryVersion();
   in.nvrtc_version = NvrtcVersionString();
+  in.nvrtc_library = NvrtcLibraryIdentity();
   in.arch = request.arch;
   in.options = Options(request.arch);
   in.sources = sources_->files();

@@ -3,6 +3,7 @@
 
 #include "runtime/jit/cubin_info.h"
 
+#include <link.h>
 #include <nvrtc.h>
 #include <sys/stat.h>
 
@@ -10,6 +11,7 @@
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -166,6 +168,30 @@ std::string NvrtcVersionString() {
     return new std::string(absl::StrCat(major, ".", minor));
   }();
   return *version;
+}
+
+std::string NvrtcLibraryIdentity() {
+  static const std::string* const identity = [] {
+    // The loaded object named libnvrtc.so*: an address of nvrtcVersion taken here could be a
+    // PLT stub of the executable.
+    std::string path;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* out) {
+          const std::string_view name = info->dlpi_name == nullptr ? "" : info->dlpi_name;
+          const size_t slash = name.rfind('/');
+          const std::string_view base = slash == std::string_view::npos ? name : name.substr(slash + 1);
+          if (base.rfind("libnvrtc.so", 0) != 0) return 0;
+          *static_cast<std::string*>(out) = std::string(name);
+          return 1;
+        },
+        &path);
+    struct stat st;
+    if (path.empty() || ::stat(path.c_str(), &st) != 0) return new std::string("unknown");
+    return new std::string(absl::StrCat(path.substr(path.rfind('/') + 1), ", ",
+                                        static_cast<int64_t>(st.st_size), " bytes, mtime ",
+                                        static_cast<int64_t>(st.st_mtim.tv_sec)));
+  }();
+  return *identity;
 }
 
 std::vector<std::string> CanonicalOptions(std::string_view arch,

@@ -51,6 +51,13 @@ absl::Status CheckArch(std::string_view arch);
 // NVRTC's version, "13.0": part of every cache key.
 std::string NvrtcVersionString();
 
+// The NVRTC library this process runs, as "libnvrtc.so.13, 109338064 bytes, mtime 1760564160":
+// also part of every cache key, because nvrtcVersion says only major.minor and a patch release
+// (13.0.88 -> 13.0.97) may generate other code. The file name rather than its directory, so that
+// machines with the same toolkit installed in different places still share entries. "unknown"
+// when it cannot be found (the key is then the version's alone).
+std::string NvrtcLibraryIdentity();
+
 // The options that determine the binary, in a fixed order: these go into the cache key.
 // `extra` (from GEMVZ_NVRTC_OPTIONS or a test) is appended as given.
 std::vector<std::string> CanonicalOptions(std::string_view arch,
