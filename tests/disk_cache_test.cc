@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <ctime>
 #include <memory>
@@ -320,6 +321,40 @@ bool LockIsFree(const std::string& dir, const std::string& key) {
   const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
   ::close(fd);
   return free;
+}
+
+TEST(DiskCacheTest, KeyLockWaitsForItsHolderButNotForever) {
+  TempDir dir;
+  DiskCache holder(dir.path()), waiter(dir.path());
+  const std::string key = RandomKernel(1).key;
+  auto held = holder.LockKey(key);
+  ASSERT_NE(held, nullptr);
+  // A holder that never lets go (a stopped process): the waiter gives up after its limit, with
+  // one warning naming the lock file, and compiles unlocked.
+  testing::internal::CaptureStderr();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(waiter.LockKey(key, absl::Milliseconds(300)), nullptr);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_GE(waited, 0.3);
+  EXPECT_LT(waited, 5.0);
+  EXPECT_EQ(jit_test::CountOccurrences(err, "warning"), 1) << err;
+  EXPECT_NE(err.find(key + ".lock"), std::string::npos) << err;
+  // A holder that lets go within the limit hands the lock over.
+  std::thread release([&] {
+    ::usleep(200 * 1000);
+    held.reset();
+  });
+  const auto t1 = std::chrono::steady_clock::now();
+  auto got = waiter.LockKey(key, absl::Seconds(30));
+  const double handed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  release.join();
+  ASSERT_NE(got, nullptr);
+  EXPECT_GE(handed, 0.15);
+  EXPECT_LT(handed, 5.0);
+  EXPECT_FALSE(LockIsFree(dir.path(), key));
 }
 
 TEST(DiskCacheTest, SweepsNeverRemoveAHeldLock) {

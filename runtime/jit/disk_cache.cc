@@ -16,6 +16,7 @@
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "runtime/common/env.h"
 #include "runtime/common/file_util.h"
 #include "runtime/common/hash.h"
@@ -330,7 +331,8 @@ absl::Status DiskCache::Write(const CompiledKernel& kernel) {
   return absl::OkStatus();
 }
 
-std::unique_ptr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key) {
+std::unique_ptr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key,
+                                                      absl::Duration max_wait) {
   {
     absl::MutexLock lock(&mu_);
     if (read_only_) return nullptr;
@@ -343,6 +345,7 @@ std::unique_ptr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key) {
   // A file system whose inode numbers do not stay put would retry forever; unlocked is still
   // correct (publishing is atomic).
   bool made_dir = false;
+  const absl::Time deadline = absl::Now() + max_wait;
   for (int attempt = 0; attempt < 100; ++attempt) {
     // Read-only: flock needs no write access, so a lock file another user made still locks.
     const int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
@@ -352,11 +355,24 @@ std::unique_ptr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key) {
       made_dir = true;
       continue;
     }
-    while (::flock(fd, LOCK_EX) != 0) {
-      if (errno != EINTR) {
+    // Polled rather than blocking, so that a holder that never lets go (a stopped or hung
+    // process) costs this one `max_wait`, not forever. A compile takes seconds; the naps stay
+    // short next to it.
+    absl::Duration nap = absl::Milliseconds(1);
+    while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EINTR) continue;
+      if (errno != EWOULDBLOCK || absl::Now() >= deadline) {
+        if (errno == EWOULDBLOCK) {
+          GEMVZ_LOG_WARNING(
+              "jit: another process has held the lock %s for over %s (stopped or hung?); "
+              "compiling without it",
+              path, absl::FormatDuration(max_wait));
+        }
         ::close(fd);
         return nullptr;
       }
+      absl::SleepFor(nap);
+      nap = std::min(nap * 2, absl::Milliseconds(20));
     }
     // A sweep may have removed the file while we waited for it: then lock the one at the path.
     struct stat held, now;

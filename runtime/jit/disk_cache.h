@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "runtime/jit/kernel_cache.h"
 
 namespace gemvz::internal {
@@ -81,8 +82,9 @@ class DiskCache {
   bool read_only() const;
 
   // Cross-process exclusive lock on one key (flock on <root>/locks/<key>.lock), held while the
-  // object lives. Null when the lock file cannot be made (then the miss path runs unlocked,
-  // which is still correct: publishing is atomic).
+  // object lives. Null when the lock file cannot be made, or when another process has held it
+  // for `max_wait` (stopped or hung: one warning names the file); the miss path then runs
+  // unlocked, which is still correct: publishing is atomic.
   class KeyLock {
    public:
     explicit KeyLock(int fd) : fd_(fd) {}
@@ -93,7 +95,9 @@ class DiskCache {
    private:
     int fd_;
   };
-  std::unique_ptr<KeyLock> LockKey(const std::string& key);
+  static constexpr absl::Duration kDefaultLockWait = absl::Seconds(60);
+  std::unique_ptr<KeyLock> LockKey(const std::string& key,
+                                   absl::Duration max_wait = kDefaultLockWait);
 
   // Every entry, oldest use first; with `verify` each is parsed and checked.
   absl::StatusOr<std::vector<DiskEntryInfo>> List(bool verify) const;
