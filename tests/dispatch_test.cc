@@ -1575,13 +1575,18 @@ TEST_F(ChooseConfigTest, ShapesNoKernelTakesAreErrors) {
       {{1, 4100, 4096}, "N must be a positive multiple of 16"},
       {{1, 0, 4096}, "N must be a positive multiple of 16"},
       {{1, 4096, 4000}, "K must be a positive multiple of 64"},
+      // The kernels take N and K as 32-bit ints: no configuration launches these.
+      {{1, 16, int64_t{1} << 31}, "N and K must be below 2^31"},
+      {{1, (int64_t{1} << 31) + 16, 64}, "N and K must be below 2^31"},
   };
-  for (const auto& [shape, message] : cases) {
-    absl::StatusOr<GemvPlan> plan = ChooseConfig(shape, WeightFormat::kZ12, "sm_90", 132);
-    ASSERT_FALSE(plan.ok()) << shape.ToString();
-    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_CONTAINS(Msg(plan.status()), message);
-    EXPECT_CONTAINS(Msg(plan.status()), shape.ToString());
+  for (WeightFormat f : kFormats) {
+    for (const auto& [shape, message] : cases) {
+      absl::StatusOr<GemvPlan> plan = ChooseConfig(shape, f, "sm_90", 132);
+      ASSERT_FALSE(plan.ok()) << shape.ToString() << ": " << plan->config.ToString();
+      EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_CONTAINS(Msg(plan.status()), message);
+      EXPECT_CONTAINS(Msg(plan.status()), shape.ToString());
+    }
   }
 }
 

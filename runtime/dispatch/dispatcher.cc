@@ -151,6 +151,8 @@ absl::Status CheckShape(const GemvShape& shape) {
   if (shape.m < 1) return fail("m must be at least 1");
   if (shape.n < 16 || shape.n % 16 != 0) return fail("N must be a positive multiple of 16");
   if (shape.k < 64 || shape.k % 64 != 0) return fail("K must be a positive multiple of 64");
+  // The kernels take N and K as 32-bit ints; the heuristic's last resort is not validated.
+  if (shape.n > INT32_MAX || shape.k > INT32_MAX) return fail("N and K must be below 2^31");
   return absl::OkStatus();
 }
 

@@ -79,8 +79,8 @@ KernelConfig HeuristicConfigWithoutRowBlocks(const GemvShape& shape, WeightForma
 // plan.chunk_m is min(m, config.tokens_per_launch()): the rows each launch takes. The heuristic
 // lowers NB below what m needs only where K leaves no valid configuration with it (K = 64 * odd
 // with m > 8, say); chunk_m says so. An error only for shapes no kernel takes (N % 16, K % 64,
-// m < 1), naming the rule. A tuning file that cannot be read or parsed is reported once (warning)
-// and ignored. Thread-safe.
+// m < 1, N or K from 2^31), naming the rule. A tuning file that cannot be read or parsed is
+// reported once (warning) and ignored. Thread-safe.
 // `order` is the matrix's (DeviceMatrix::order): steps 1 and 2 take only entries of that order
 // (z12), and the heuristic's configuration gets it.
 absl::StatusOr<GemvPlan> ChooseConfig(const GemvShape& shape, WeightFormat format,
