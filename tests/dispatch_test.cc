@@ -1568,6 +1568,23 @@ TEST_F(ChooseConfigTest, BeyondTheTableTheHeuristic) {
   EXPECT_TRUE(Validate(plan.config, GemvShape{8, 4096, 64}).ok());
 }
 
+// GEMVZ_ARCH=sm_90a (an arch-specific target of the same GPU) keeps the sm_90 table's rows and
+// orders: the kernels are the same source, only the binary's target differs.
+TEST_F(ChooseConfigTest, ArchSpecificTargetsUseTheirBaseArchTable) {
+  for (const TunedChoice& c : BuiltinTunedTable()) {
+    const GemvShape shape{c.m, c.n, c.k};
+    EXPECT_EQ(PreferredOrder("sm_90a", c.n, c.k), PreferredOrder("sm_90", c.n, c.k));
+    const GemvPlan plan = Choose(shape, c.format, "sm_90a", 132, c.config.order);
+    EXPECT_EQ(plan.source, "tuned") << shape.ToString();
+    EXPECT_EQ(plan.config, c.config) << shape.ToString();
+  }
+  EXPECT_EQ(PreferredOrder("sm_90a", 28672, 4096), WeightOrder::kGroupMajor);
+  // Another architecture is still another: sm_80 and sm_100a take the heuristic.
+  for (const char* arch : {"sm_80", "sm_100a"}) {
+    EXPECT_EQ(Choose(GemvShape{8, 4096, 8192}, WeightFormat::kZ12, arch).source, "heuristic");
+  }
+}
+
 TEST_F(ChooseConfigTest, ShapesNoKernelTakesAreErrors) {
   const std::pair<GemvShape, const char*> cases[] = {
       {{0, 4096, 4096}, "m must be at least 1"},

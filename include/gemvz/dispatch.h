@@ -34,7 +34,8 @@ std::string TuningFilePath();
 absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices);
 // The entries of the tuning file (empty when there is none).
 absl::StatusOr<std::vector<TunedChoice>> LoadTunedChoices();
-// The table compiled into the library (DESIGN.md's suite on sm_90).
+// The table compiled into the library (DESIGN.md's suite on sm_90; the dispatcher and
+// PreferredOrder use its sm_90 rows for the arch-specific target sm_90a too).
 const std::vector<TunedChoice>& BuiltinTunedTable();
 
 // Every configuration worth timing for a shape (m rounded up to the launch's token blocks): the

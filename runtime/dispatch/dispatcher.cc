@@ -156,6 +156,16 @@ absl::Status CheckShape(const GemvShape& shape) {
   return absl::OkStatus();
 }
 
+// The architecture whose built-in rows serve `arch`: an arch-specific target ("sm_90a", "sm_100f")
+// compiles the same kernels for the same GPU as its base ("sm_90"), where the rows were measured.
+std::string TableArch(const std::string& arch) {
+  if (arch.size() > 3 && arch.compare(0, 3, "sm_") == 0 &&
+      (arch.back() == 'a' || arch.back() == 'f')) {
+    return arch.substr(0, arch.size() - 1);
+  }
+  return arch;
+}
+
 }  // namespace
 
 KernelConfig InOrder(KernelConfig c, WeightOrder order) {
@@ -166,7 +176,8 @@ KernelConfig InOrder(KernelConfig c, WeightOrder order) {
 std::optional<KernelConfig> LookupBuiltinTable(const GemvShape& shape, WeightFormat format,
                                                const std::string& arch, WeightOrder order) {
   const BuiltinIndex& index = GetBuiltinIndex();
-  const auto it = index.find(ShapeKey{arch, static_cast<int>(format), shape.n, shape.k});
+  const auto it =
+      index.find(ShapeKey{TableArch(arch), static_cast<int>(format), shape.n, shape.k});
   if (it == index.end()) return std::nullopt;
   // The exact m, else the next m up: a kernel tuned for 16 rows also serves 9..15 when its NB
   // covers them, which beats a guess.
@@ -196,7 +207,8 @@ namespace gemvz {
 WeightOrder PreferredOrder(const std::string& arch, int64_t n, int64_t k) {
   if (std::optional<WeightOrder> o = internal::GetDispatcher().FileOrder(arch, n, k)) return *o;
   const auto& index = internal::GetBuiltinIndex();
-  const auto it = index.find(internal::ShapeKey{arch, static_cast<int>(WeightFormat::kZ12), n, k});
+  const auto it = index.find(
+      internal::ShapeKey{internal::TableArch(arch), static_cast<int>(WeightFormat::kZ12), n, k});
   if (it == index.end()) return WeightOrder::kBlockMajor;
   for (const TunedChoice* c : it->second) {
     if (c->config.order == WeightOrder::kGroupMajor) return WeightOrder::kGroupMajor;

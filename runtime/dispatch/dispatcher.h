@@ -74,7 +74,8 @@ KernelConfig HeuristicConfigWithoutRowBlocks(const GemvShape& shape, WeightForma
 //   1. the tuning file (source "tuning-file"): an exact (arch, format, m, n, k) entry whose
 //      configuration is valid for the shape; the file is read once per process and cached,
 //   2. the built-in table (source "tuned"): the exact entry, else the entry of the next larger m
-//      with the same (arch, format, n, k) when its NB still covers m,
+//      with the same (arch, format, n, k) when its NB still covers m; an arch-specific target
+//      (sm_90a) takes its base arch's rows (sm_90),
 //   3. HeuristicConfig (source "heuristic").
 // plan.chunk_m is min(m, config.tokens_per_launch()): the rows each launch takes. The heuristic
 // lowers NB below what m needs only where K leaves no valid configuration with it (K = 64 * odd
