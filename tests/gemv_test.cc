@@ -782,6 +782,68 @@ TEST(Gemv, TwoStreamsAtOnce) {
   api.cuStreamDestroy(s1);
 }
 
+// cudaStreamPerThread (CU_STREAM_PER_THREAD) is one handle for a different stream in every
+// thread, and those streams run concurrently: split-K calls from two threads on it must not share
+// partials and arrival counters.
+TEST(Gemv, PerThreadDefaultStreamsHaveTheirOwnWorkspaces) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 2048, k = 8192, m = 16;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  CUstream per_thread = CU_STREAM_PER_THREAD;
+  const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 2, 2, 3, 4}};  // split-K: workspaces
+  std::vector<uint16_t> x[2] = {testing::RandomActivations(m, k, seed),
+                                testing::RandomActivations(m, k, seed + 1)};
+  DeviceBuffer dx0(m * k * 2), dx1(m * k * 2), do0(m * n * 2), do1(m * n * 2);
+  DeviceBuffer* dx[2] = {&dx0, &dx1};
+  DeviceBuffer* dout[2] = {&do0, &do1};
+  for (int i = 0; i < 2; ++i) {
+    dx[i]->Upload(x[i].data(), x[i].size() * 2);
+    dout[i]->Fill16(kPoison);
+  }
+  testing::Synchronize();
+  // One thread's calls: another thread sees no workspace of its own.
+  absl::Status st = Gemv(p.dm, dx0.as<uint16_t>(), m, do0.as<uint16_t>(), per_thread, opt);
+  ASSERT_TRUE(st.ok()) << st;
+  absl::StatusOr<int64_t> mine = GemvWorkspaceBytes(per_thread);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_GT(*mine, 0);
+  absl::StatusOr<int64_t> other;
+  std::thread([&] { other = GemvWorkspaceBytes(per_thread); }).join();
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(*other, 0) << "a new thread's per-thread stream holds the first thread's workspace";
+
+  // Two threads at once, each on its own per-thread stream, right results for both.
+  absl::Status sts[2];
+  auto worker = [&](int i) {
+    auto scope = internal::ScopedDeviceContext::Enter(0);
+    if (!scope.ok()) {
+      sts[i] = scope.status();
+      return;
+    }
+    for (int r = 0; r < 200 && sts[i].ok(); ++r) {
+      sts[i] = Gemv(p.dm, dx[i]->as<uint16_t>(), m, dout[i]->as<uint16_t>(), per_thread, opt);
+    }
+    if (sts[i].ok() && api.cuStreamSynchronize(per_thread) != CUDA_SUCCESS) {
+      sts[i] = absl::InternalError("cuStreamSynchronize");
+    }
+    if (sts[i].ok()) sts[i] = ReleaseGemvWorkspace(per_thread);
+  };
+  std::thread t0(worker, 0), t1(worker, 1);
+  t0.join();
+  t1.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(sts[i].ok()) << sts[i];
+    std::vector<uint16_t> got(m * n);
+    dout[i]->Download(got.data(), got.size() * 2);
+    std::vector<double> ref, abs_sum;
+    testing::ReferenceGemv(p.w, x[i], m, n, k, &ref, &abs_sum);
+    EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "") << "thread " << i;
+  }
+  EXPECT_TRUE(ReleaseGemvWorkspace(per_thread).ok());
+}
+
 TEST(Gemv, ErrorPaths) {
   GEMVZ_REQUIRE_GPU();
   const int64_t n = 64, k = 256;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -29,7 +31,7 @@ struct RetiredBuffer {
 };
 
 // Split-K partials, semaphores and the padded-x buffer of one stream. Calls on one stream run in
-// order, so one workspace per (context, stream) is enough; distinct streams never share one.
+// order, so one workspace per stream is enough; distinct streams never share one.
 struct Workspace {
   CUdeviceptr ws = 0;
   size_t ws_bytes = 0;
@@ -43,9 +45,18 @@ struct Workspace {
   std::vector<RetiredBuffer> retired;
 };
 
+// (context, stream handle, thread): CU_STREAM_PER_THREAD (cudaStreamPerThread) is one handle
+// for a distinct stream in every thread, whose work runs concurrently, so its workspaces are the
+// calling thread's; every other handle is one stream, whichever thread calls.
+using WorkspaceKey = std::tuple<CUcontext, CUstream, std::thread::id>;
+WorkspaceKey KeyFor(CUcontext ctx, CUstream stream) {
+  return {ctx, stream,
+          stream == CU_STREAM_PER_THREAD ? std::this_thread::get_id() : std::thread::id()};
+}
+
 absl::Mutex workspace_mu(absl::kConstInit);
-absl::flat_hash_map<std::pair<CUcontext, CUstream>, Workspace*>& Workspaces() {
-  static auto* m = new absl::flat_hash_map<std::pair<CUcontext, CUstream>, Workspace*>();
+absl::flat_hash_map<WorkspaceKey, Workspace*>& Workspaces() {
+  static auto* m = new absl::flat_hash_map<WorkspaceKey, Workspace*>();
   return *m;
 }
 
@@ -91,10 +102,11 @@ absl::StatusOr<bool> StreamCapturing(CUstream stream) {
 absl::StatusOr<Workspace*> GetWorkspace(CUcontext ctx, CUstream stream) {
   absl::MutexLock lock(&workspace_mu);
   auto& map = Workspaces();
-  auto it = map.find({ctx, stream});
+  const WorkspaceKey key = KeyFor(ctx, stream);
+  auto it = map.find(key);
   if (it != map.end()) return it->second;
   auto* w = new Workspace();
-  map[{ctx, stream}] = w;
+  map[key] = w;
   return w;
 }
 
@@ -123,7 +135,7 @@ namespace internal {
 int64_t StreamWorkspaceBytes(CUcontext ctx, CUstream stream) {
   absl::MutexLock lock(&workspace_mu);
   auto& map = Workspaces();
-  auto it = map.find({ctx, stream});
+  auto it = map.find(KeyFor(ctx, stream));
   if (it == map.end()) return 0;
   const Workspace& w = *it->second;
   int64_t bytes = static_cast<int64_t>(w.ws_bytes + w.sem_bytes + w.xpad_bytes);
@@ -136,7 +148,7 @@ void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
   {
     absl::MutexLock lock(&workspace_mu);
     auto& map = Workspaces();
-    auto it = map.find({ctx, stream});
+    auto it = map.find(KeyFor(ctx, stream));
     if (it == map.end()) return;
     w = it->second;
     map.erase(it);
