@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gemvz/dispatch.h"
 #include "gemvz/runtime.h"
 #include "gtest/gtest.h"
@@ -26,6 +27,7 @@
 #include "tests/support/gpu_util.h"
 #include "tests/support/jit_test_util.h"
 #include "tests/support/random_weights.h"
+#include "tests/support/temp_files.h"
 
 namespace gemvz {
 namespace {
@@ -738,6 +740,64 @@ TEST(Gemv, AutotuneOnFirstUsePersistsTheWinner) {
   EXPECT_EQ(after->config, entry.config);
   EXPECT_EQ(p.Check(m, {}, seed + 1), "");  // and again, from the file's choice
   internal::InvalidateTuningFileCache();    // later tests read the environment's file again
+}
+
+// A candidate that fails is skipped and the rest still tune; when every candidate fails, Gemv
+// runs the dispatcher's plan, warns once, and does not tune that shape again in the process.
+TEST(Gemv, AutotuneSkipsFailingCandidatesAndRemembersAFailure) {
+  GEMVZ_REQUIRE_GPU();
+  jit_test::TempDir dir;
+  const std::string file = dir.path() + "/tuning.json";
+  jit_test::ScopedEnv autotune("GEMVZ_AUTOTUNE", "1"), cap("GEMVZ_AUTOTUNE_MAX", "5"),
+      tuning_file("GEMVZ_TUNING_FILE", file);
+  internal::InvalidateTuningFileCache();
+  internal::ForgetAutotunedForTesting();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 2560, k = 2048, m = 3;  // no table has 2560x2048
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  absl::StatusOr<GemvPlan> heuristic = internal::PlanGemvInternal(p.dm, m, {}, false);
+  ASSERT_TRUE(heuristic.ok()) << heuristic.status();
+  ASSERT_EQ(heuristic->source, "heuristic");
+
+  // Every candidate fails.
+  int calls = 0;
+  internal::SetAutotuneCandidateHookForTesting([&](const KernelConfig&) {
+    ++calls;
+    return absl::ResourceExhaustedError("test: out of memory");
+  });
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(p.Check(m, {}, seed + i), "") << "call " << i;
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  const int calls_after_first_tuning = calls;
+  EXPECT_GT(calls, 0);
+  EXPECT_EQ(jit_test::CountOccurrences(err, "autotune of"), 1) << err;
+  EXPECT_NE(err.find("test: out of memory"), std::string::npos) << err;
+  absl::StatusOr<GemvPlan> plan = PlanGemv(p.dm, m);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->source, "heuristic");
+  EXPECT_EQ(plan->config, heuristic->config);
+  EXPECT_EQ(calls, calls_after_first_tuning) << "a failed shape was tuned again";
+  EXPECT_FALSE(gemvz::testing::Exists(file));
+
+  // Only the first candidate fails: the others are timed and the winner is saved.
+  internal::ForgetAutotunedForTesting();
+  std::optional<KernelConfig> failed;
+  internal::SetAutotuneCandidateHookForTesting([&](const KernelConfig& c) -> absl::Status {
+    if (!failed) failed = c;
+    return c == *failed ? absl::ResourceExhaustedError("test: out of memory") : absl::OkStatus();
+  });
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(p.Check(m, {}, seed + 3), "");
+  const std::string err2 = ::testing::internal::GetCapturedStderr();
+  internal::SetAutotuneCandidateHookForTesting(nullptr);
+  EXPECT_NE(err2.find("1 of"), std::string::npos) << err2;
+  absl::StatusOr<std::vector<TunedChoice>> saved = LoadTunedChoices();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  ASSERT_EQ(saved->size(), 1u);
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_NE((*saved)[0].config, *failed);
+  internal::ForgetAutotunedForTesting();
+  internal::InvalidateTuningFileCache();
 }
 
 TEST(Gemv, TwoStreamsAtOnce) {

@@ -42,6 +42,7 @@ namespace gemvz::internal {
   X(cuMemsetD8)                   \
   X(cuMemsetD8Async)              \
   X(cuMemsetD16)                  \
+  X(cuMemsetD16Async)             \
   X(cuPointerGetAttribute)        \
   X(cuModuleLoadData)             \
   X(cuModuleUnload)               \

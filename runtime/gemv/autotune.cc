@@ -1,9 +1,12 @@
 #include "runtime/gemv/autotune.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -34,18 +37,39 @@ struct DeviceBuffer {
   }
 };
 
-}  // namespace
+// Set by tests: called before each candidate's launches, an error makes that candidate fail.
+std::function<absl::Status(const KernelConfig&)>& CandidateHook() {
+  static auto* hook = new std::function<absl::Status(const KernelConfig&)>();
+  return *hook;
+}
 
-bool AutotuneEnabled() { return GetEnvBool("GEMVZ_AUTOTUNE", false); }
+// The mean time in ms of `kReps` launches of `c` on `stream`, after one warm-up launch (which
+// loads the module and sizes the workspace).
+absl::StatusOr<float> TimeCandidate(const DeviceMatrix& w, const GemvShape& shape,
+                                    const KernelConfig& c, CUdeviceptr x, CUdeviceptr out,
+                                    CUstream stream, CUevent start, CUevent stop) {
+  const int64_t chunk = std::min<int64_t>(shape.m, c.tokens_per_launch());
+  auto run = [&]() -> absl::Status {
+    if (const auto& hook = CandidateHook()) RETURN_IF_ERROR(hook(c));
+    return LaunchPlanned(w, c, chunk, reinterpret_cast<const uint16_t*>(x), shape.m,
+                         reinterpret_cast<void*>(out), false, stream);
+  };
+  RETURN_IF_ERROR(run());
+  constexpr int kReps = 20;
+  CU_RETURN_IF_ERROR(cuEventRecord(start, stream));
+  for (int r = 0; r < kReps; ++r) RETURN_IF_ERROR(run());
+  CU_RETURN_IF_ERROR(cuEventRecord(stop, stream));
+  CU_RETURN_IF_ERROR(cuEventSynchronize(stop));
+  float ms = 0;
+  CU_RETURN_IF_ERROR(cuEventElapsedTime(&ms, start, stop));
+  return ms / kReps;
+}
 
-absl::StatusOr<GemvPlan> Autotune(const DeviceMatrix& w, const GemvShape& shape,
-                                  const DeviceInfo& info) {
+// Times the candidates; the fastest that ran. A candidate that fails (its launch, a workspace it
+// cannot get) is skipped; an error only when none ran, or when the context is broken.
+absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape,
+                                   const DeviceInfo& info, float* best_ms) {
   const DeviceMatrixState& s = *w.state();
-  const TuneKey key{info.arch, static_cast<int>(s.format), shape.m, shape.n,
-                    shape.k,   static_cast<int>(s.order)};
-  absl::MutexLock lock(&tune_mu);  // one tuning at a time; the others wait for its answer
-  if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
-
   std::vector<KernelConfig> space = SweepSpace(shape, s.format);
   for (KernelConfig& c : space) c = InOrder(c, s.order);  // the matrix's order
   const size_t cap = static_cast<size_t>(std::max<int64_t>(1, GetEnvInt64("GEMVZ_AUTOTUNE_MAX", 24)));
@@ -63,70 +87,112 @@ absl::StatusOr<GemvPlan> Autotune(const DeviceMatrix& w, const GemvShape& shape,
   GEMVZ_LOG_INFO("autotune %s %s: %d candidates", std::string(FormatName(s.format)), shape.ToString(),
                  static_cast<int>(candidates.size()));
   // Compile in parallel first, so timing does not wait on NVRTC one by one.
-  auto compiled = PrecompileAll(candidates, info.arch, 0);
-  if (!compiled.ok()) return compiled.status();
+  RETURN_IF_ERROR(PrecompileAll(candidates, info.arch, 0).status());
 
   ASSIGN_OR_RETURN(auto scope, ScopedDeviceContext::Enter(s.device));
-  const auto* d = *Driver();
-  CUstream stream;
-  CU_RETURN_IF_ERROR(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-  DeviceBuffer x, out;
+  ASSIGN_OR_RETURN(const DriverApi* const d, Driver());
+  DeviceBuffer x, out;  // freed last, once the stream has drained
   CU_RETURN_IF_ERROR(cuMemAlloc(&x.p, static_cast<size_t>(shape.m * shape.k * 2)));
   CU_RETURN_IF_ERROR(cuMemAlloc(&out.p, static_cast<size_t>(shape.m * shape.n * 2)));
-  CU_RETURN_IF_ERROR(cuMemsetD16(x.p, 0x3C00, static_cast<size_t>(shape.m * shape.k)));
-  CUevent start, stop;
+  CUstream stream;
+  CU_RETURN_IF_ERROR(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  absl::Cleanup destroy_stream = [&] {
+    d->cuStreamSynchronize(stream);
+    // The candidates' split-K workspace lives as long as its stream (a later stream could get
+    // the same handle and inherit it, but nothing would free it).
+    ReleaseStreamWorkspace(scope.context(), stream);
+    d->cuStreamDestroy(stream);
+  };
+  // x = 1.0 everywhere, ordered before the launches on the tuning stream.
+  CU_RETURN_IF_ERROR(cuMemsetD16Async(x.p, 0x3F80, static_cast<size_t>(shape.m * shape.k), stream));
+  CUevent start = nullptr, stop = nullptr;
+  absl::Cleanup destroy_events = [&] {
+    if (start != nullptr) d->cuEventDestroy(start);
+    if (stop != nullptr) d->cuEventDestroy(stop);
+  };
   CU_RETURN_IF_ERROR(cuEventCreate(&start, CU_EVENT_DEFAULT));
   CU_RETURN_IF_ERROR(cuEventCreate(&stop, CU_EVENT_DEFAULT));
-  GemvPlan best{heuristic, "autotuned", std::min<int64_t>(shape.m, heuristic.tokens_per_launch())};
-  float best_ms = std::numeric_limits<float>::max();
-  absl::Status status;
+
+  std::optional<GemvPlan> best;
+  *best_ms = std::numeric_limits<float>::max();
+  absl::Status first_failure;
+  int failed = 0;
   for (const KernelConfig& c : candidates) {
-    const int64_t chunk = std::min<int64_t>(shape.m, c.tokens_per_launch());
-    auto run = [&] {
-      return LaunchPlanned(w, c, chunk, reinterpret_cast<const uint16_t*>(x.p), shape.m,
-                           reinterpret_cast<void*>(out.p), false, stream);
-    };
-    status = run();  // warm-up: loads the module, sizes the workspace
-    if (!status.ok()) break;
-    constexpr int kReps = 20;
-    if (d->cuEventRecord(start, stream) != CUDA_SUCCESS) break;
-    for (int r = 0; r < kReps && status.ok(); ++r) status = run();
-    if (!status.ok()) break;
-    d->cuEventRecord(stop, stream);
-    d->cuEventSynchronize(stop);
-    float ms = 0;
-    d->cuEventElapsedTime(&ms, start, stop);
-    ms /= kReps;
-    GEMVZ_LOG_DEBUG("autotune %s: %.2f us", c.ToString(), 1000.0 * ms);
-    if (ms < best_ms) {
-      best_ms = ms;
-      best = GemvPlan{c, "autotuned", chunk};
+    absl::StatusOr<float> ms = TimeCandidate(w, shape, c, x.p, out.p, stream, start, stop);
+    if (!ms.ok()) {
+      ++failed;
+      if (first_failure.ok()) first_failure = ms.status();
+      GEMVZ_LOG_INFO("autotune %s: skipped: %s", c.ToString(), ms.status().ToString());
+      // A failed launch may leave work queued, or the context broken (then nothing can run).
+      CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));
+      continue;
+    }
+    GEMVZ_LOG_DEBUG("autotune %s: %.2f us", c.ToString(), 1000.0 * *ms);
+    if (*ms < *best_ms) {
+      *best_ms = *ms;
+      best = GemvPlan{c, "autotuned", std::min<int64_t>(shape.m, c.tokens_per_launch())};
     }
   }
-  d->cuStreamSynchronize(stream);
-  d->cuEventDestroy(start);
-  d->cuEventDestroy(stop);
-  // The candidates' split-K workspace lives as long as its stream (a later stream could get the
-  // same handle and inherit it, but nothing would free it).
-  ReleaseStreamWorkspace(scope.context(), stream);
-  d->cuStreamDestroy(stream);
-  RETURN_IF_ERROR(status);
+  if (!best) {
+    return absl::Status(first_failure.code(),
+                        absl::StrCat("none of ", candidates.size(),
+                                     " candidates ran; the first failure: ", first_failure.message()));
+  }
+  if (failed > 0) {
+    GEMVZ_LOG_WARNING("autotune %s: %d of %d candidates failed and were skipped (the first: %s)",
+                      shape.ToString(), failed, static_cast<int>(candidates.size()),
+                      first_failure.ToString());
+  }
+  return *best;
+}
+
+}  // namespace
+
+bool AutotuneEnabled() { return GetEnvBool("GEMVZ_AUTOTUNE", false); }
+
+void SetAutotuneCandidateHookForTesting(std::function<absl::Status(const KernelConfig&)> hook) {
+  absl::MutexLock lock(&tune_mu);
+  CandidateHook() = std::move(hook);
+}
+
+GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& info,
+                  const GemvPlan& fallback) {
+  const DeviceMatrixState& s = *w.state();
+  const TuneKey key{info.arch, static_cast<int>(s.format), shape.m, shape.n,
+                    shape.k,   static_cast<int>(s.order)};
+  absl::MutexLock lock(&tune_mu);  // one tuning at a time; the others wait for its answer
+  if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
+  float best_ms = 0;
+  absl::StatusOr<GemvPlan> tuned = TuneShape(w, shape, info, &best_ms);
+  if (!tuned.ok()) {
+    // Remembered, so that the process neither tunes again on every call nor warns every time.
+    GEMVZ_LOG_WARNING("autotune of %s failed; %s (%s) serves it for the rest of the process: %s",
+                      shape.ToString(), fallback.config.ToString(), fallback.source,
+                      tuned.status().ToString());
+    Tuned()[key] = fallback;
+    return fallback;
+  }
   TunedChoice choice;
   choice.arch = info.arch;
   choice.format = s.format;
   choice.m = shape.m;
   choice.n = shape.n;
   choice.k = shape.k;
-  choice.config = best.config;
+  choice.config = tuned->config;
   choice.time_us = 1000.0 * best_ms;
   if (absl::Status saved = SaveTunedChoices({choice}); !saved.ok()) {
     GEMVZ_LOG_WARNING("autotune: could not save the winner to %s: %s", TuningFilePath(),
                       saved.ToString());
   }
-  GEMVZ_LOG_INFO("autotune %s: %s wins at %.2f us", shape.ToString(), best.config.ToString(),
+  GEMVZ_LOG_INFO("autotune %s: %s wins at %.2f us", shape.ToString(), tuned->config.ToString(),
                  choice.time_us);
-  Tuned()[key] = best;
-  return best;
+  Tuned()[key] = *tuned;
+  return *tuned;
+}
+
+void ForgetAutotunedForTesting() {
+  absl::MutexLock lock(&tune_mu);
+  Tuned().clear();
 }
 
 }  // namespace gemvz::internal

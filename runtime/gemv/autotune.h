@@ -3,6 +3,7 @@
 // it in the tuning file so later processes start with it.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -15,9 +16,17 @@ namespace gemvz::internal {
 
 bool AutotuneEnabled();
 
-// Times up to GEMVZ_AUTOTUNE_MAX (default 24) candidates for `shape` (m per launch) on `w`.
-absl::StatusOr<GemvPlan> Autotune(const DeviceMatrix& w, const GemvShape& shape,
-                                  const DeviceInfo& info);
+// Times up to GEMVZ_AUTOTUNE_MAX (default 24) candidates for `shape` (m per launch) on `w` and
+// returns the fastest, saved to the tuning file. A candidate that fails is skipped (one warning
+// for them all). When none runs, or the tuning cannot start, `fallback` (the dispatcher's plan)
+// is returned, with one warning. Either answer is kept for the process: a shape is tuned once.
+GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& info,
+                  const GemvPlan& fallback);
+
+// Tests: `hook` runs before each candidate's launches and fails that candidate with its error
+// (empty: none). And: forget every shape tuned in this process.
+void SetAutotuneCandidateHookForTesting(std::function<absl::Status(const KernelConfig&)> hook);
+void ForgetAutotunedForTesting();
 
 // Launches `config` over all of m in chunks of chunk_m (the part of Gemv after planning), with
 // programmatic dependent launch as `pdl` says, where the GPU has it (GemvOptions::pdl).

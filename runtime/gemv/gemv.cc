@@ -199,10 +199,7 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
   ASSIGN_OR_RETURN(GemvPlan plan,
                    ChooseConfig(shape, s.format, info.arch, info.limits.sm_count, s.order));
   if (plan.source == "heuristic" && allow_autotune && AutotuneEnabled()) {
-    auto tuned = Autotune(w, shape, info);
-    if (tuned.ok()) return *tuned;
-    GEMVZ_LOG_WARNING("autotune of %s failed, using the heuristic: %s", shape.ToString(),
-                      tuned.status().ToString());
+    return Autotune(w, shape, info, plan);
   }
   return plan;
 }
