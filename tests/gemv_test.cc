@@ -800,6 +800,101 @@ TEST(Gemv, AutotuneSkipsFailingCandidatesAndRemembersAFailure) {
   internal::InvalidateTuningFileCache();
 }
 
+// Another thread captures a graph of its own stream in the default (global) mode while this one
+// makes first uses: a kernel never loaded, a split-K configuration's first workspace, and an
+// autotune. None of them may fail, nor break that capture.
+TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  jit_test::TempDir dir;
+  jit_test::ScopedEnv autotune("GEMVZ_AUTOTUNE", "1"), cap("GEMVZ_AUTOTUNE_MAX", "4"),
+      tuning_file("GEMVZ_TUNING_FILE", dir.path() + "/tuning.json");
+  internal::InvalidateTuningFileCache();
+  internal::ForgetAutotunedForTesting();
+  const uint64_t seed = FreshSeed();
+  const Problem captured = Problem::Make(1024, 4096, MixedWeights(1024, 4096, seed));
+  DeviceBuffer dx(16 * 4096 * 2), dout(16 * 4096 * 2);
+  CUstream capture_stream;
+  ASSERT_EQ(api.cuStreamCreate(&capture_stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const GemvOptions captured_opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};
+  ASSERT_TRUE(
+      Gemv(captured.dm, dx.as<uint16_t>(), 8, dout.as<uint16_t>(), capture_stream, captured_opt)
+          .ok());
+  ASSERT_EQ(api.cuStreamSynchronize(capture_stream), CUDA_SUCCESS);
+
+  // The first uses, each on a fresh stream of this thread.
+  const int64_t n = 2560, k = 3072;  // no table has 2560x3072
+  const Problem tuned = Problem::Make(n, k, MixedWeights(n, k, seed + 1));
+  // A configuration outside the sweep (UG 3), so not loaded by another test, and a split-K one.
+  const GemvOptions fresh_kernel{KernelConfig::Parse("z12.nw5.ug3.nb1.pipe0.s1").value()};
+  const GemvOptions split_k{KernelConfig::Parse("z12.nw4.ug1.nb1.pipe3.s3").value()};
+  // Streams and buffers are made before the capture begins and the results read after it ends:
+  // in the window this thread calls only the library (an allocation or a synchronous copy of
+  // the test's own would itself break a global-mode capture).
+  struct Use {
+    const char* what;
+    GemvOptions options;
+    CUstream stream = nullptr;
+    std::unique_ptr<DeviceBuffer> out;
+    absl::Status status;
+  };
+  std::vector<Use> uses;
+  uses.push_back({"a kernel loaded for the first time", fresh_kernel});
+  uses.push_back({"a split-K workspace's first allocation", split_k});
+  uses.push_back({"an autotune", {}});
+  const int64_t m = 3;
+  const auto x = testing::RandomActivations(m, k, seed + 2);
+  DeviceBuffer tx(m * k * 2);
+  tx.Upload(x.data(), x.size() * 2);
+  for (Use& u : uses) {
+    ASSERT_EQ(api.cuStreamCreate(&u.stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    u.out = std::make_unique<DeviceBuffer>(m * n * 2);
+    u.out->Fill16(kPoison);
+  }
+  testing::Synchronize();
+  absl::Notification begun, uses_done;
+  CUresult begin = CUDA_SUCCESS, end = CUDA_SUCCESS;
+  absl::Status in_capture;
+  CUgraph graph = nullptr;
+  std::thread capturer([&] {
+    auto scope = internal::ScopedDeviceContext::Enter(0);
+    begin = api.cuStreamBeginCapture(capture_stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    begun.Notify();
+    uses_done.WaitForNotification();
+    in_capture = Gemv(captured.dm, dx.as<uint16_t>(), 8, dout.as<uint16_t>(), capture_stream,
+                      captured_opt);
+    end = api.cuStreamEndCapture(capture_stream, &graph);
+  });
+  begun.WaitForNotification();
+  for (Use& u : uses) {
+    u.status = Gemv(tuned.dm, tx.as<uint16_t>(), m, u.out->as<uint16_t>(), u.stream, u.options);
+  }
+  absl::StatusOr<GemvPlan> plan = PlanGemv(tuned.dm, m);
+  uses_done.Notify();
+  capturer.join();
+  EXPECT_EQ(begin, CUDA_SUCCESS);
+  std::vector<double> ref, abs_sum;
+  testing::ReferenceGemv(tuned.w, x, m, n, k, &ref, &abs_sum);
+  for (Use& u : uses) {
+    EXPECT_TRUE(u.status.ok()) << u.what << ": " << u.status;
+    EXPECT_EQ(api.cuStreamSynchronize(u.stream), CUDA_SUCCESS) << u.what;
+    std::vector<uint16_t> got(m * n);
+    u.out->Download(got.data(), got.size() * 2);
+    if (u.status.ok()) EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "") << u.what;
+    EXPECT_TRUE(ReleaseGemvWorkspace(u.stream).ok());
+    api.cuStreamDestroy(u.stream);
+  }
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->source, "tuning-file") << "the autotune did not complete and save its winner";
+  EXPECT_TRUE(in_capture.ok()) << in_capture;
+  EXPECT_EQ(end, CUDA_SUCCESS) << "the other thread's capture was invalidated";
+  if (graph != nullptr) api.cuGraphDestroy(graph);
+  EXPECT_TRUE(ReleaseGemvWorkspace(capture_stream).ok());
+  api.cuStreamDestroy(capture_stream);
+  internal::ForgetAutotunedForTesting();
+  internal::InvalidateTuningFileCache();
+}
+
 TEST(Gemv, TwoStreamsAtOnce) {
   GEMVZ_REQUIRE_GPU();
   const auto& api = **internal::Driver();

@@ -53,6 +53,16 @@ absl::StatusOr<const DriverApi*> Driver() {
   return *result;
 }
 
+RelaxedCaptureMode::RelaxedCaptureMode() {
+  if (auto d = Driver(); d.ok()) {
+    exchanged_ = (*d)->cuThreadExchangeStreamCaptureMode(&saved_) == CUDA_SUCCESS;
+  }
+}
+
+RelaxedCaptureMode::~RelaxedCaptureMode() {
+  if (exchanged_) (*Driver())->cuThreadExchangeStreamCaptureMode(&saved_);
+}
+
 absl::Status CuResultToStatus(CUresult result, const char* call, const char* file, int line) {
   const char* name = "unknown";
   const char* text = "";

@@ -58,6 +58,7 @@ namespace gemvz::internal {
   X(cuStreamIsCapturing)          \
   X(cuStreamBeginCapture)         \
   X(cuStreamEndCapture)           \
+  X(cuThreadExchangeStreamCaptureMode) \
   X(cuEventCreate)                \
   X(cuEventDestroy)               \
   X(cuEventRecord)                \
@@ -105,6 +106,22 @@ class ScopedDeviceContext {
   ScopedDeviceContext(CUcontext ctx, bool pushed) : ctx_(ctx), pushed_(pushed) {}
   CUcontext ctx_ = nullptr;
   bool pushed_ = false;
+};
+
+// While it lives, this thread's stream-capture mode is relaxed: the library's own allocations,
+// module loads and synchronisations on its own streams are then neither refused nor allowed to
+// invalidate a graph that another thread is capturing in the default (global) mode. Only for
+// calls that touch no stream being captured.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode();
+  ~RelaxedCaptureMode();
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  CUstreamCaptureMode saved_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool exchanged_ = false;
 };
 
 // The primary context of `device`, retained once for the process's lifetime.

@@ -91,6 +91,8 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
 
   ASSIGN_OR_RETURN(auto scope, ScopedDeviceContext::Enter(s.device));
   ASSIGN_OR_RETURN(const DriverApi* const d, Driver());
+  // Allocations, events and syncs of the tuning's own stream, beside another thread's capture.
+  const RelaxedCaptureMode relaxed;
   DeviceBuffer x, out;  // freed last, once the stream has drained
   CU_RETURN_IF_ERROR(cuMemAlloc(&x.p, static_cast<size_t>(shape.m * shape.k * 2)));
   CU_RETURN_IF_ERROR(cuMemAlloc(&out.p, static_cast<size_t>(shape.m * shape.n * 2)));

@@ -74,6 +74,7 @@ absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, boo
         "run the same call once on this stream before capturing it"));
   }
   const size_t alloc = std::max({bytes, 2 * have, size_t{4096}});
+  const RelaxedCaptureMode relaxed;  // a first call beside another thread's capture
   CUdeviceptr fresh = 0;
   CU_RETURN_IF_ERROR(cuMemAlloc(&fresh, alloc));
   if (zero) {
@@ -155,6 +156,7 @@ void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
   }
   auto driver = Driver();
   if (driver.ok()) {
+    const RelaxedCaptureMode relaxed;
     for (const RetiredBuffer& r : w->retired) (*driver)->cuMemFree(r.ptr);
     for (CUdeviceptr p : {w->ws, w->sem, w->xpad}) {
       if (p != 0) (*driver)->cuMemFree(p);
