@@ -321,5 +321,22 @@ TEST(Format, RefusesBadInput) {
   EXPECT_FALSE(Unpack(PackedMatrix{}).ok());
 }
 
+// Unpack sizes its output from rows * cols: an invalid shape is an error, never a throw or a huge
+// allocation.
+TEST(Format, UnpackOfAnInvalidShapeIsAnError) {
+  PackedMatrix negative;
+  negative.rows = -16;
+  negative.cols = 64;
+  absl::StatusOr<std::vector<uint16_t>> u = Unpack(negative);
+  EXPECT_EQ(u.status().code(), absl::StatusCode::kInvalidArgument) << u.status();
+  PackedMatrix huge;  // a packable shape of 2^61 weights, with no data
+  huge.rows = int64_t{1} << 31;
+  huge.cols = int64_t{1} << 30;
+  u = Unpack(huge);
+  EXPECT_EQ(u.status().code(), absl::StatusCode::kInvalidArgument) << u.status();
+  u = Unpack(PackedMatrix{});
+  EXPECT_NE(u.status().message().find("empty"), std::string::npos) << u.status();
+}
+
 }  // namespace
 }  // namespace gemvz

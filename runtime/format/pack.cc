@@ -356,6 +356,8 @@ absl::Status Unpack(const PackedMatrix& p, uint16_t* out) {
 }
 
 absl::StatusOr<std::vector<uint16_t>> Unpack(const PackedMatrix& p) {
+  // Validated before the buffer is sized from rows * cols: a negative or huge shape would throw.
+  RETURN_IF_ERROR(ValidatePacked(p));
   std::vector<uint16_t> out(static_cast<size_t>(p.rows * p.cols));
   RETURN_IF_ERROR(Unpack(p, out.data()));
   return out;
