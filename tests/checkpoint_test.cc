@@ -694,6 +694,26 @@ TEST(CheckpointTest, CommandLine) {
   EXPECT_NE(out.find("usage: gemvz pack"), std::string::npos);
 }
 
+// File names are bytes, not UTF-8: such an input's --json report is written (with U+FFFD in
+// place of the bad byte), and the command does not abort once its outputs are published.
+TEST(CheckpointTest, CommandLineJsonReportOfANonUtf8FileName) {
+  if (ToolPath().empty() || ::access(ToolPath().c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "the gemvz CLI was not built";
+  }
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string input = dir + "/w\xff.safetensors";
+  WriteCheckpoint(input, {SyntheticShards(FreshSeed())[0][0]});
+  std::string out, err;
+  const int rc = RunTool("pack '" + input + "' -o " + dir + "/packed --json=" + dir + "/r.json",
+                         &out, &err, dir);
+  EXPECT_EQ(rc, 0) << out << err;
+  const nlohmann::json report = nlohmann::json::parse(ReadAll(dir + "/r.json"));
+  ASSERT_EQ(report["tensors"].size(), 1u);
+  EXPECT_NE(report["tensors"][0]["file"].get<std::string>().find("w\xef\xbf\xbd.safetensors"),
+            std::string::npos)
+      << report.dump();
+}
+
 // Not a test: writes the ~2 GB synthetic checkpoint that docs/CHECKPOINTS.md measures, to the
 // path in GEMVZ_BIG_CHECKPOINT, one tensor at a time. Run with --gtest_also_run_disabled_tests
 // --gtest_filter='*MakeBigCheckpoint*'.

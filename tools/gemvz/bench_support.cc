@@ -652,7 +652,9 @@ absl::Status CheckOutputFile(const char* flag, const std::string& path) {
 }
 
 absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& doc) {
-  const absl::Status st = internal::AtomicWriteFile(path, doc.dump(2) + "\n");
+  // Strings such as file paths need not be UTF-8; a strict dump would throw out of the command.
+  const absl::Status st = internal::AtomicWriteFile(
+      path, doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   if (!st.ok()) {
     return absl::Status(st.code(), absl::StrCat("writing JSON to ", path, ": ", st.message()));
   }
