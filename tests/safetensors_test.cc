@@ -153,6 +153,37 @@ TEST(SafetensorsTest, WriterRoundTripsThroughTheReader) {
   EXPECT_EQ((*f)->Find("nope"), nullptr);
 }
 
+// A zero dimension makes a tensor empty whatever its other dimensions are: the writer takes it
+// without overflowing (signed overflow in numel() aborted the sanitizer build, e.g. when `gemvz
+// pack` copied such a tensor from a valid input), and a shape whose size overflows is refused
+// instead of wrapping to a small byte count.
+TEST(SafetensorsTest, WriterHandlesShapesWhoseProductOverflows) {
+  const std::string dir = MakeTempDir("safetensors_test");
+  const std::string path = dir + "/z.safetensors";
+  const std::vector<int64_t> empty = {int64_t{1} << 32, int64_t{1} << 32, 0};
+  {
+    auto w = SafetensorsWriter::Create(path, 512);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_TRUE((*w)->AddTensor("empty", "BF16", empty, nullptr, 0).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+    ASSERT_TRUE((*w)->Publish().ok());
+  }
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ((*f)->tensors().size(), 1u);
+  EXPECT_EQ((*f)->tensors()[0].shape, empty);
+  EXPECT_EQ((*f)->tensors()[0].numel(), 0);
+
+  auto w = SafetensorsWriter::Create(dir + "/big.safetensors", 512);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const absl::Status st =
+      (*w)->BeginTensor("big", "BF16", {int64_t{1} << 32, int64_t{1} << 32});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("big"), std::string::npos) << st;
+  EXPECT_FALSE((*w)->Finish().ok());
+  EXPECT_EQ((*w)->BeginTensor("neg", "U8", {-1}).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SafetensorsTest, UnpublishedWriterLeavesNothing) {
   const std::string dir = MakeTempDir("safetensors_test");
   {

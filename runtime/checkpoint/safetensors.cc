@@ -56,10 +56,30 @@ absl::StatusOr<int> SafetensorsDtypeSize(const std::string& dtype) {
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", dtype, "'"));
 }
 
+// dtype size * numel of `shape`, false when a dimension is negative or the product overflows
+// uint64 (a zero dimension makes it 0 whatever the others are).
+bool TensorBytes(uint64_t elem, const std::vector<int64_t>& shape, uint64_t* bytes) {
+  for (int64_t d : shape) {
+    if (d < 0) return false;
+  }
+  if (std::count(shape.begin(), shape.end(), 0) > 0) {
+    *bytes = 0;
+    return true;
+  }
+  uint64_t n = elem;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
+  }
+  *bytes = n;
+  return true;
+}
+
 int64_t SafetensorsEntry::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  uint64_t n = 0;
+  if (!TensorBytes(1, shape, &n) || n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return -1;
+  }
+  return static_cast<int64_t>(n);
 }
 
 SafetensorsFile::~SafetensorsFile() {
@@ -197,19 +217,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       t.shape.push_back(static_cast<int64_t>(dim));
     }
     // dtype size * numel, refusing overflow (anything above the data size is refused anyway).
-    uint64_t bytes = static_cast<uint64_t>(*elem);
-    bool too_big = false;
-    if (std::count(t.shape.begin(), t.shape.end(), 0) > 0) {
-      bytes = 0;
-    } else {
-      for (int64_t d : t.shape) {
-        if (bytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) {
-          too_big = true;
-          break;
-        }
-        bytes *= static_cast<uint64_t>(d);
-      }
-    }
+    uint64_t bytes = 0;
+    const bool too_big = !TensorBytes(static_cast<uint64_t>(*elem), t.shape, &bytes);
     auto offsets = v.find("data_offsets");
     if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2 ||
         !GetUnsigned((*offsets)[0], &t.begin) || !GetUnsigned((*offsets)[1], &t.end)) {
@@ -334,13 +343,19 @@ absl::Status SafetensorsWriter::StartTensor(const std::string& name, const std::
           absl::StrCat("'", path_, "': tensor '", name, "' written twice"));
     }
   }
+  uint64_t expected = 0;
+  if (!TensorBytes(static_cast<uint64_t>(elem), shape, &expected)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path_, "': tensor '", name, "' has shape ", ShapeString(shape),
+                     ": a negative dimension, or more than 2^64 bytes of ", dtype));
+  }
   SafetensorsEntry e;
   e.name = name;
   e.dtype = dtype;
   e.shape = shape;
   e.begin = data_size_;
   e.end = data_size_;
-  tensor_expected_ = static_cast<uint64_t>(elem) * static_cast<uint64_t>(e.numel());
+  tensor_expected_ = expected;
   entries_.push_back(std::move(e));
   in_tensor_ = true;
   return absl::OkStatus();

@@ -30,7 +30,7 @@ struct SafetensorsEntry {
   std::vector<int64_t> shape;
   uint64_t begin = 0;  // offsets into the data section (after the header)
   uint64_t end = 0;
-  int64_t numel() const;
+  int64_t numel() const;  // -1 when a dimension is negative or the product overflows int64
 };
 
 class SafetensorsFile {
