@@ -10,13 +10,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "gemvz/checkpoint.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/random_weights.h"
@@ -120,6 +123,32 @@ void ExpectReferenceLayout(const std::string& path) {
     at = e;
   }
   EXPECT_EQ(at, bytes.size() - 8 - n) << "data section not fully covered";
+}
+
+// Runs `open` on the FIFO at `fifo`; a reader that blocks waiting for a writer is released by
+// opening the FIFO for writing after a while, and the test fails instead of hanging.
+template <typename Fn>
+bool ReturnsWithoutAWriter(const std::string& fifo, Fn open) {
+  auto done = std::async(std::launch::async, open);
+  if (done.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return true;
+  const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+  if (fd >= 0) ::close(fd);
+  done.wait();
+  return false;
+}
+
+// A FIFO (named like a checkpoint file, or inside a checkpoint directory) is refused at once.
+TEST(SafetensorsTest, AFifoIsRefusedWithoutWaitingForAWriter) {
+  const std::string dir = MakeTempDir("safetensors_test");
+  const std::string fifo = dir + "/pipe.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  absl::Status st;
+  EXPECT_TRUE(ReturnsWithoutAWriter(fifo, [&] { st = SafetensorsFile::Open(fifo).status(); }));
+  EXPECT_NE(st.message().find("not a regular file"), std::string::npos) << st;
+  EXPECT_NE(st.message().find(fifo), std::string::npos) << st;
+  EXPECT_TRUE(
+      ReturnsWithoutAWriter(fifo, [&] { st = gemvz::PackedCheckpoint::Open(dir).status(); }));
+  EXPECT_FALSE(st.ok());
 }
 
 TEST(SafetensorsTest, WriterRoundTripsThroughTheReader) {

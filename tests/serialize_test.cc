@@ -1,14 +1,17 @@
 // Tests of ValidatePacked and the packed-matrix file format: round trips, and refusal of every
 // truncation, bit flip, wrong magic, future version and broken invariant.
 #include <dirent.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <random>
 #include <set>
 #include <string>
@@ -410,6 +413,26 @@ TEST(SerializeTest, SaveOfAnInvalidMatrixFailsAndLeavesNothing) {
   ASSERT_TRUE(q.ok()) << q.status();
   ExpectSameMatrix(good, *q);
   EXPECT_EQ(ListDir(dir).size(), 1u);
+}
+
+// Runs `open` on the FIFO at `fifo`; a reader that blocks waiting for a writer is released by
+// opening the FIFO for writing after a while, and the test fails instead of hanging.
+template <typename Fn>
+bool ReturnsWithoutAWriter(const std::string& fifo, Fn open) {
+  auto done = std::async(std::launch::async, open);
+  if (done.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return true;
+  const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+  if (fd >= 0) ::close(fd);
+  done.wait();
+  return false;
+}
+
+TEST(SerializeTest, LoadOfAFifoIsRefusedWithoutWaitingForAWriter) {
+  const std::string fifo = MakeTempDir("serialize_test") + "/pipe.gemvz";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  absl::Status st;
+  EXPECT_TRUE(ReturnsWithoutAWriter(fifo, [&] { st = Load(fifo).status(); }));
+  EXPECT_NE(st.message().find("regular file"), std::string::npos) << st;
 }
 
 TEST(SerializeTest, LoadOfAMissingFileNamesIt) {

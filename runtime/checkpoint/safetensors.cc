@@ -121,7 +121,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
 
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
-  f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer (fstat refuses it).
+  f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (f->fd_ < 0) return ErrnoStatus(absl::StrCat("cannot open ", where));
   struct stat st;
   if (::fstat(f->fd_, &st) != 0) return ErrnoStatus(absl::StrCat("cannot stat ", where));

@@ -495,7 +495,8 @@ absl::Status Save(const PackedMatrix& packed, const std::string& path) {
 
 absl::StatusOr<PackedMatrix> Load(const std::string& path) {
   const std::string what = absl::StrCat("cannot load packed matrix '", path, "'");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer (fstat refuses it).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int e = errno;
     const std::string msg = absl::StrCat(what, ": ", std::strerror(e));
