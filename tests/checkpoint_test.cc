@@ -445,6 +445,15 @@ TEST(CheckpointTest, ConflictingInputsAreRefused) {
   r = PackCheckpoint({dir + "/z.safetensors"}, dir + "/o3");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("'w.z12.weights'"), std::string::npos) << r.status();
+  // ... or of a packed tensor in another input: the outputs would hold that name twice.
+  WriteCheckpoint(dir + "/p.safetensors", {{"w.z12.weights", "U8", {4}, "abcd", false, ""}});
+  r = PackCheckpoint({dir + "/y.safetensors", dir + "/p.safetensors"}, dir + "/o8");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'w.z12.weights'"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find(dir + "/y.safetensors"), std::string::npos) << r.status();
+  r = PackCheckpoint({dir + "/p.safetensors", dir + "/y.safetensors"}, dir + "/o9");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'w.z12.weights'"), std::string::npos) << r.status();
   // An already packed checkpoint.
   ASSERT_TRUE(PackCheckpoint({dir + "/y.safetensors"}, dir + "/o4").ok());
   r = PackCheckpoint({dir + "/o4/y.safetensors"}, dir + "/o5");
@@ -468,7 +477,7 @@ TEST(CheckpointTest, ConflictingInputsAreRefused) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(r.status().message().find("missing.safetensors"), std::string::npos);
   EXPECT_FALSE(PackCheckpoint({dir + "/y.safetensors"}, dir + "/y.safetensors").ok());
-  for (const char* o : {"/o1", "/o2", "/o3", "/o5", "/o6", "/o7"}) {
+  for (const char* o : {"/o1", "/o2", "/o3", "/o5", "/o6", "/o7", "/o8", "/o9"}) {
     EXPECT_TRUE(ListDir(dir + o).empty()) << o;
   }
 }

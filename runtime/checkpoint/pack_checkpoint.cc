@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstring>
 #include <map>
-#include <set>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -115,6 +114,7 @@ class Driver {
   const CheckpointPackOptions& options_;
   CheckpointPackReport& report_;
   int64_t bytes_done_ = 0, tensors_done_ = 0;
+  std::map<std::string, std::string> output_names_;  // every output tensor name -> its input
 };
 
 absl::Status Driver::CopyTensor(const SafetensorsFile& in, const SafetensorsEntry& e,
@@ -267,8 +267,8 @@ absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_
                               std::unique_ptr<SafetensorsWriter>* writer_out) {
   const std::vector<TensorPlan> plans = PlanFile(in);
 
-  // Output names must not collide (an input tensor called "x.z12.weights" beside a packed "x").
-  std::set<std::string> names;
+  // Output names must not collide (an input tensor called "x.z12.weights" beside a packed "x"),
+  // in this file or in another output of the same run.
   for (const TensorPlan& p : plans) {
     std::vector<std::string> out_names;
     if (p.pack) {
@@ -279,10 +279,11 @@ absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_
       out_names.push_back(p.entry->name);
     }
     for (const std::string& n : out_names) {
-      if (!names.insert(n).second) {
+      if (auto [it, ok] = output_names_.emplace(n, in.path()); !ok) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "'", in.path(), "': output tensor name '", n,
-            "' would be used twice (a packed tensor's part collides with another tensor)"));
+            "'", in.path(), "': output tensor name '", n, "' would be used twice",
+            it->second == in.path() ? "" : absl::StrCat(" (also in the output of '", it->second, "')"),
+            " (a packed tensor's part collides with another tensor)"));
       }
     }
   }
