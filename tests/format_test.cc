@@ -6,6 +6,10 @@
 #include <random>
 #include <thread>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "gemvz/format.h"
 #include "gtest/gtest.h"
 #include "runtime/format/z12_layout.h"
@@ -319,6 +323,31 @@ TEST(Format, RefusesBadInput) {
   EXPECT_NE(s.message().find("row 5, col 1"), std::string::npos) << s;
   EXPECT_NE(s.message().find("NaN"), std::string::npos) << s;
   EXPECT_FALSE(Unpack(PackedMatrix{}).ok());
+}
+
+// A caller running with flush-to-zero / denormals-are-zero (torch.set_flush_denormal(True), a
+// -ffast-math binary) still gets every subnormal weight back: Pack refused such matrices ("self-
+// check failed") and Unpack silently turned subnormals into zeros.
+TEST(Format, SubnormalsSurviveACallerInFlushToZeroMode) {
+#if defined(__x86_64__) || defined(__i386__)
+  std::vector<uint16_t> w = RandomMatrix(32, 128, Distribution::kNormal, FreshSeed());
+  const uint16_t subnormals[] = {0x0001, 0x8001, 0x0040, 0x807F, 0x0080, 0x8080};
+  for (size_t i = 0; i < std::size(subnormals); ++i) w[37 * i + 3] = subnormals[i];
+  auto packed_ieee = Pack(w.data(), 32, 128);
+  ASSERT_TRUE(packed_ieee.ok()) << packed_ieee.status();
+  const unsigned int csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);  // FTZ and DAZ on
+  auto packed = Pack(w.data(), 32, 128);
+  auto back = packed.ok() ? Unpack(*packed) : absl::StatusOr<std::vector<uint16_t>>(packed.status());
+  auto back_ieee = Unpack(*packed_ieee);
+  _mm_setcsr(csr);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, w);
+  ASSERT_TRUE(back_ieee.ok()) << back_ieee.status();
+  EXPECT_EQ(*back_ieee, w);
+#else
+  GTEST_SKIP() << "x86 only (MXCSR)";
+#endif
 }
 
 // Unpack sizes its output from rows * cols: an invalid shape is an error, never a throw or a huge

@@ -7,6 +7,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "gemvz/format.h"
 #include "runtime/common/status_macros.h"
@@ -89,13 +93,29 @@ int ThreadCount(int requested, int64_t work_items) {
   return static_cast<int>(std::min<int64_t>(t, std::max<int64_t>(1, work_items)));
 }
 
+// Corrections and reconstruction are exact only in IEEE arithmetic: threads inherit the caller's
+// flush-to-zero / denormals-are-zero modes (torch.set_flush_denormal, -ffast-math binaries), under
+// which a subnormal weight or correction reads as zero. Called in the library's own threads.
+void UseIeeeSubnormals() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_setcsr(_mm_getcsr() & ~0x8040u);  // FTZ (bit 15) and DAZ (bit 6) off
+#elif defined(__aarch64__)
+  uint64_t fpcr;
+  asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+  asm volatile("msr fpcr, %0" : : "r"(fpcr & ~(uint64_t{1} << 24)));  // FZ off
+#endif
+}
+
 // Runs fn(begin, end, worker) over [0, n) split into `threads` contiguous ranges.
 template <typename Fn>
 void ParallelRanges(int64_t n, int threads, Fn fn) {
   std::vector<std::thread> pool;
   for (int w = 0; w < threads; ++w) {
     const int64_t b = n * w / threads, e = n * (w + 1) / threads;
-    pool.emplace_back([=, &fn] { fn(b, e, w); });
+    pool.emplace_back([=, &fn] {
+      UseIeeeSubnormals();
+      fn(b, e, w);
+    });
   }
   for (auto& th : pool) th.join();
 }
