@@ -1,5 +1,6 @@
 // The 12-bit format on the host: bit-exact round trips, the emulated device decoder, the exact
 // corrections (residual case included), compact exception storage and every refusal.
+#include <cfenv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -348,6 +349,19 @@ TEST(Format, SubnormalsSurviveACallerInFlushToZeroMode) {
 #else
   GTEST_SKIP() << "x86 only (MXCSR)";
 #endif
+}
+
+// So does one running in a directed rounding mode (Pack's TwoSum needs round-to-nearest).
+TEST(Format, PackIsExactInEveryRoundingMode) {
+  const std::vector<uint16_t> w = RandomMatrix(64, 256, Distribution::kFullRange, FreshSeed());
+  for (const int mode : {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO}) {
+    ASSERT_EQ(std::fesetround(mode), 0);
+    auto packed = Pack(w.data(), 64, 256);
+    auto back = packed.ok() ? Unpack(*packed) : absl::StatusOr<std::vector<uint16_t>>(packed.status());
+    std::fesetround(FE_TONEAREST);
+    ASSERT_TRUE(back.ok()) << "rounding mode " << mode << ": " << back.status();
+    EXPECT_EQ(*back, w) << "rounding mode " << mode;
+  }
 }
 
 // Unpack sizes its output from rows * cols: an invalid shape is an error, never a throw or a huge

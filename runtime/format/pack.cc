@@ -1,6 +1,7 @@
 // Pack and Unpack of the 12-bit format (seed chapter 7), with compact exception storage.
 #include <algorithm>
 #include <atomic>
+#include <cfenv>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -93,10 +94,12 @@ int ThreadCount(int requested, int64_t work_items) {
   return static_cast<int>(std::min<int64_t>(t, std::max<int64_t>(1, work_items)));
 }
 
-// Corrections and reconstruction are exact only in IEEE arithmetic: threads inherit the caller's
-// flush-to-zero / denormals-are-zero modes (torch.set_flush_denormal, -ffast-math binaries), under
-// which a subnormal weight or correction reads as zero. Called in the library's own threads.
-void UseIeeeSubnormals() {
+// Corrections and reconstruction are exact only in default IEEE arithmetic, and threads inherit
+// the caller's modes: under flush-to-zero / denormals-are-zero (torch.set_flush_denormal,
+// -ffast-math binaries) a subnormal weight or correction reads as zero; under a directed rounding
+// mode TwoSum is not exact. Called in the library's own threads.
+void UseIeeeArithmetic() {
+  std::fesetround(FE_TONEAREST);
 #if defined(__x86_64__) || defined(__i386__)
   _mm_setcsr(_mm_getcsr() & ~0x8040u);  // FTZ (bit 15) and DAZ (bit 6) off
 #elif defined(__aarch64__)
@@ -113,7 +116,7 @@ void ParallelRanges(int64_t n, int threads, Fn fn) {
   for (int w = 0; w < threads; ++w) {
     const int64_t b = n * w / threads, e = n * (w + 1) / threads;
     pool.emplace_back([=, &fn] {
-      UseIeeeSubnormals();
+      UseIeeeArithmetic();
       fn(b, e, w);
     });
   }
