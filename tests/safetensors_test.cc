@@ -10,11 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <future>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,6 +29,7 @@ namespace {
 using ::gemvz::testing::ListDir;
 using ::gemvz::testing::MakeTempDir;
 using ::gemvz::testing::ReadAll;
+using ::gemvz::testing::ReturnsWithoutAWriter;
 using ::gemvz::testing::WriteAll;
 using ::gemvz::testing::FreshSeed;
 using Json = nlohmann::json;
@@ -123,18 +122,6 @@ void ExpectReferenceLayout(const std::string& path) {
     at = e;
   }
   EXPECT_EQ(at, bytes.size() - 8 - n) << "data section not fully covered";
-}
-
-// Runs `open` on the FIFO at `fifo`; a reader that blocks waiting for a writer is released by
-// opening the FIFO for writing after a while, and the test fails instead of hanging.
-template <typename Fn>
-bool ReturnsWithoutAWriter(const std::string& fifo, Fn open) {
-  auto done = std::async(std::launch::async, open);
-  if (done.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return true;
-  const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
-  if (fd >= 0) ::close(fd);
-  done.wait();
-  return false;
 }
 
 // A FIFO (named like a checkpoint file, or inside a checkpoint directory) is refused at once.

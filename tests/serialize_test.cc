@@ -6,12 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <future>
 #include <random>
 #include <set>
 #include <string>
@@ -30,6 +28,7 @@ namespace {
 using ::gemvz::testing::ListDir;
 using ::gemvz::testing::MakeTempDir;
 using ::gemvz::testing::ReadAll;
+using ::gemvz::testing::ReturnsWithoutAWriter;
 using ::gemvz::testing::WriteAll;
 using ::gemvz::testing::FreshSeed;
 
@@ -413,18 +412,6 @@ TEST(SerializeTest, SaveOfAnInvalidMatrixFailsAndLeavesNothing) {
   ASSERT_TRUE(q.ok()) << q.status();
   ExpectSameMatrix(good, *q);
   EXPECT_EQ(ListDir(dir).size(), 1u);
-}
-
-// Runs `open` on the FIFO at `fifo`; a reader that blocks waiting for a writer is released by
-// opening the FIFO for writing after a while, and the test fails instead of hanging.
-template <typename Fn>
-bool ReturnsWithoutAWriter(const std::string& fifo, Fn open) {
-  auto done = std::async(std::launch::async, open);
-  if (done.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return true;
-  const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
-  if (fd >= 0) ::close(fd);
-  done.wait();
-  return false;
 }
 
 TEST(SerializeTest, LoadOfAFifoIsRefusedWithoutWaitingForAWriter) {

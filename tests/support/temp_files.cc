@@ -1,12 +1,16 @@
 #include "tests/support/temp_files.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <future>
 
 #include "gtest/gtest.h"
 
@@ -79,6 +83,15 @@ void WriteAll(const std::string& path, const std::string& bytes) {
   ASSERT_NE(f, nullptr) << path;
   ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size()) << path;
   std::fclose(f);
+}
+
+bool ReturnsWithoutAWriter(const std::string& fifo, const std::function<void()>& open) {
+  auto done = std::async(std::launch::async, open);
+  if (done.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return true;
+  const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+  if (fd >= 0) ::close(fd);
+  done.wait();
+  return false;
 }
 
 }  // namespace gemvz::testing

@@ -2,6 +2,7 @@
 // removed when every test of the binary has passed and kept for inspection after a failure.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,5 +22,10 @@ bool Exists(const std::string& path);
 
 // Writes `bytes` to `path`, failing the current test on error.
 void WriteAll(const std::string& path, const std::string& bytes);
+
+// Runs `open` on the FIFO at `fifo`; true when it returns by itself. A reader that blocks waiting
+// for a writer is released after 10 s by opening the FIFO for writing, so that the test fails
+// instead of hanging.
+bool ReturnsWithoutAWriter(const std::string& fifo, const std::function<void()>& open);
 
 }  // namespace gemvz::testing
