@@ -342,11 +342,11 @@ TEST(DiskCacheTest, KeyLockWaitsForItsHolderButNotForever) {
   EXPECT_EQ(jit_test::CountOccurrences(err, "warning"), 1) << err;
   EXPECT_NE(err.find(key + ".lock"), std::string::npos) << err;
   // A holder that lets go within the limit hands the lock over.
+  const auto t1 = std::chrono::steady_clock::now();
   std::thread release([&] {
     ::usleep(200 * 1000);
     held.reset();
   });
-  const auto t1 = std::chrono::steady_clock::now();
   auto got = waiter.LockKey(key, absl::Seconds(30));
   const double handed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();

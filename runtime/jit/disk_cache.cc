@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <initializer_list>
@@ -141,8 +143,17 @@ bool RemoveFile(const std::string& path) { return ::unlink(path.c_str()) == 0 ||
 // Removes a lock file unless a process holds it. The unlink happens under the lock, and LockKey
 // checks after locking that its file is still the one at the path, so no two processes ever
 // hold one key's lock.
+// Opens (with O_CREAT: creates) a lock file for flock: for writing where it can, since an NFS
+// client emulates flock with fcntl locks, which need it for an exclusive lock; read-only where
+// it cannot (a lock file another user made, mode 0644), which locally still locks.
+int OpenLockFile(const std::string& path, int create) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | create, 0644);
+  if (fd >= 0 || (errno != EACCES && errno != EROFS && errno != EPERM)) return fd;
+  return ::open(path.c_str(), O_RDONLY | O_CLOEXEC | create, 0644);
+}
+
 void RemoveUnheldLock(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = OpenLockFile(path, 0);
   if (fd < 0) return;
   if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(path.c_str());
   ::close(fd);
@@ -345,10 +356,10 @@ std::unique_ptr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key,
   // A file system whose inode numbers do not stay put would retry forever; unlocked is still
   // correct (publishing is atomic).
   bool made_dir = false;
-  const absl::Time deadline = absl::Now() + max_wait;
+  // The steady clock: a step of the wall clock (NTP at boot) must not stretch or cut the wait.
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(max_wait);
   for (int attempt = 0; attempt < 100; ++attempt) {
-    // Read-only: flock needs no write access, so a lock file another user made still locks.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+    const int fd = OpenLockFile(path, O_CREAT);
     if (fd < 0) {
       // The directory was removed since (rm -rf of the cache): make it again, once.
       if (errno != ENOENT || made_dir || !CreateDirectories(locks_dir_).ok()) return nullptr;
@@ -361,12 +372,19 @@ std::unique_ptr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key,
     absl::Duration nap = absl::Milliseconds(1);
     while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       if (errno == EINTR) continue;
-      if (errno != EWOULDBLOCK || absl::Now() >= deadline) {
+      if (errno != EWOULDBLOCK || std::chrono::steady_clock::now() >= deadline) {
         if (errno == EWOULDBLOCK) {
           GEMVZ_LOG_WARNING(
               "jit: another process has held the lock %s for over %s (stopped or hung?); "
               "compiling without it",
               path, absl::FormatDuration(max_wait));
+        } else {
+          static std::atomic<bool> warned{false};
+          if (!warned.exchange(true)) {
+            GEMVZ_LOG_WARNING("jit: cannot lock %s: %s; processes missing the same kernel may "
+                              "compile it at once (harmless, only slower)",
+                              path, std::strerror(errno));
+          }
         }
         ::close(fd);
         return nullptr;
