@@ -968,6 +968,20 @@ TEST(Gemv, PerThreadDefaultStreamsHaveTheirOwnWorkspaces) {
   std::thread([&] { other = GemvWorkspaceBytes(per_thread); }).join();
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(*other, 0) << "a new thread's per-thread stream holds the first thread's workspace";
+  // Nor does a thread started after one that used it has ended (glibc reuses thread ids).
+  absl::Status ended;
+  std::thread([&] {
+    auto scope = internal::ScopedDeviceContext::Enter(0);
+    ended = scope.ok() ? Gemv(p.dm, dx1.as<uint16_t>(), m, do1.as<uint16_t>(), per_thread, opt)
+                       : scope.status();
+    if (ended.ok() && api.cuStreamSynchronize(per_thread) != CUDA_SUCCESS) {
+      ended = absl::InternalError("cuStreamSynchronize");
+    }
+  }).join();
+  ASSERT_TRUE(ended.ok()) << ended;
+  std::thread([&] { other = GemvWorkspaceBytes(per_thread); }).join();
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(*other, 0) << "a thread inherited the workspace of a thread that ended";
 
   // Two threads at once, each on its own per-thread stream, right results for both.
   absl::Status sts[2];

@@ -106,7 +106,8 @@ absl::Status GemvFp32(const DeviceMatrix& w, const uint16_t* x, int64_t m, float
 // arrival counters and (plain BF16 with K not a multiple of 64) a padded copy of x, allocated at a
 // call's first need and grown at least twofold when a later call needs more (the per-thread
 // default stream, cudaStreamPerThread, is another stream in every thread: each thread's calls get
-// their own, which these functions report and free for the calling thread). A grown-out buffer is
+// their own, which these functions report and free for the calling thread: release it before a
+// thread that used it ends, or it stays allocated for the process). A grown-out buffer is
 // kept, not freed, because CUDA graphs captured on the stream still use it, so the total only
 // grows until ReleaseGemvWorkspace (the partials of one split-K call are N/16 x S x NB x 512
 // bytes: 640 KiB for a 10240-row matrix at S = 2, m <= 8).

@@ -3,8 +3,9 @@
 #include "gemvz/gemv.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstring>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -45,13 +46,21 @@ struct Workspace {
   std::vector<RetiredBuffer> retired;
 };
 
+// A number for the calling thread, never reused in the process (std::thread::id is: a thread
+// started after another ended may get its id, and would inherit its per-thread stream's
+// workspace while that stream may still run).
+uint64_t ThreadSerial() {
+  static std::atomic<uint64_t> next{1};
+  thread_local const uint64_t serial = next.fetch_add(1, std::memory_order_relaxed);
+  return serial;
+}
+
 // (context, stream handle, thread): CU_STREAM_PER_THREAD (cudaStreamPerThread) is one handle
 // for a distinct stream in every thread, whose work runs concurrently, so its workspaces are the
-// calling thread's; every other handle is one stream, whichever thread calls.
-using WorkspaceKey = std::tuple<CUcontext, CUstream, std::thread::id>;
+// calling thread's; every other handle is one stream, whichever thread calls (thread 0).
+using WorkspaceKey = std::tuple<CUcontext, CUstream, uint64_t>;
 WorkspaceKey KeyFor(CUcontext ctx, CUstream stream) {
-  return {ctx, stream,
-          stream == CU_STREAM_PER_THREAD ? std::this_thread::get_id() : std::thread::id()};
+  return {ctx, stream, stream == CU_STREAM_PER_THREAD ? ThreadSerial() : 0};
 }
 
 absl::Mutex workspace_mu(absl::kConstInit);
