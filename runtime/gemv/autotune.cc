@@ -17,6 +17,7 @@
 #include "runtime/common/status_macros.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/dispatch/dispatcher.h"
+#include "runtime/jit/kernel_cache.h"
 
 namespace gemvz::internal {
 namespace {
@@ -37,9 +38,10 @@ struct DeviceBuffer {
   }
 };
 
-// Set by tests: called before each candidate's launches, an error makes that candidate fail.
-std::function<absl::Status(const KernelConfig&)>& CandidateHook() {
-  static auto* hook = new std::function<absl::Status(const KernelConfig&)>();
+// Set by tests: called before each candidate is compiled and before its launches; an error
+// makes that candidate fail there.
+AutotuneHook& CandidateHook() {
+  static auto* hook = new AutotuneHook();
   return *hook;
 }
 
@@ -50,7 +52,7 @@ absl::StatusOr<float> TimeCandidate(const DeviceMatrix& w, const GemvShape& shap
                                     CUstream stream, CUevent start, CUevent stop) {
   const int64_t chunk = std::min<int64_t>(shape.m, c.tokens_per_launch());
   auto run = [&]() -> absl::Status {
-    if (const auto& hook = CandidateHook()) RETURN_IF_ERROR(hook(c));
+    if (const auto& hook = CandidateHook()) RETURN_IF_ERROR(hook(c, AutotuneStage::kLaunch));
     return LaunchPlanned(w, c, chunk, reinterpret_cast<const uint16_t*>(x), shape.m,
                          reinterpret_cast<void*>(out), false, stream);
   };
@@ -86,8 +88,38 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
   }
   GEMVZ_LOG_INFO("autotune %s %s: %d candidates", std::string(FormatName(s.format)), shape.ToString(),
                  static_cast<int>(candidates.size()));
-  // Compile in parallel first, so timing does not wait on NVRTC one by one.
-  RETURN_IF_ERROR(PrecompileAll(candidates, info.arch, 0).status());
+  const int candidates_total = static_cast<int>(candidates.size());
+  // Compile in parallel first, so timing does not wait on NVRTC one by one; a candidate that
+  // does not compile is skipped like one that does not run.
+  absl::Status first_failure;
+  int failed = 0;
+  {
+    std::vector<absl::StatusOr<PrecompileResult>> compiled =
+        PrecompileEach(candidates, info.arch, 0, /*stop_on_error=*/false);
+    std::vector<KernelConfig> built;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (const auto& hook = CandidateHook(); hook && compiled[i].ok()) {
+        if (absl::Status st = hook(candidates[i], AutotuneStage::kCompile); !st.ok()) {
+          compiled[i] = st;
+        }
+      }
+      if (compiled[i].ok()) {
+        built.push_back(candidates[i]);
+        continue;
+      }
+      ++failed;
+      if (first_failure.ok()) first_failure = compiled[i].status();
+      GEMVZ_LOG_INFO("autotune %s: skipped: %s", candidates[i].ToString(),
+                     compiled[i].status().ToString());
+    }
+    candidates = std::move(built);
+  }
+  if (candidates.empty()) {
+    return absl::Status(first_failure.code(),
+                        absl::StrCat("none of ", candidates_total,
+                                     " candidates compiled; the first failure: ",
+                                     first_failure.message()));
+  }
 
   ASSIGN_OR_RETURN(auto scope, ScopedDeviceContext::Enter(s.device));
   ASSIGN_OR_RETURN(const DriverApi* const d, Driver());
@@ -117,8 +149,6 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
 
   std::optional<GemvPlan> best;
   *best_ms = std::numeric_limits<float>::max();
-  absl::Status first_failure;
-  int failed = 0;
   for (const KernelConfig& c : candidates) {
     absl::StatusOr<float> ms = TimeCandidate(w, shape, c, x.p, out.p, stream, start, stop);
     if (!ms.ok()) {
@@ -137,13 +167,12 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
   }
   if (!best) {
     return absl::Status(first_failure.code(),
-                        absl::StrCat("none of ", candidates.size(),
+                        absl::StrCat("none of ", candidates_total,
                                      " candidates ran; the first failure: ", first_failure.message()));
   }
   if (failed > 0) {
     GEMVZ_LOG_WARNING("autotune %s: %d of %d candidates failed and were skipped (the first: %s)",
-                      shape.ToString(), failed, static_cast<int>(candidates.size()),
-                      first_failure.ToString());
+                      shape.ToString(), failed, candidates_total, first_failure.ToString());
   }
   return *best;
 }
@@ -152,7 +181,7 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
 
 bool AutotuneEnabled() { return GetEnvBool("GEMVZ_AUTOTUNE", false); }
 
-void SetAutotuneCandidateHookForTesting(std::function<absl::Status(const KernelConfig&)> hook) {
+void SetAutotuneCandidateHookForTesting(AutotuneHook hook) {
   absl::MutexLock lock(&tune_mu);
   CandidateHook() = std::move(hook);
 }

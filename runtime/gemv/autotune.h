@@ -23,9 +23,12 @@ bool AutotuneEnabled();
 GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& info,
                   const GemvPlan& fallback);
 
-// Tests: `hook` runs before each candidate's launches and fails that candidate with its error
-// (empty: none). And: forget every shape tuned in this process.
-void SetAutotuneCandidateHookForTesting(std::function<absl::Status(const KernelConfig&)> hook);
+// Tests: `hook` runs for each candidate once compiled (kCompile) and before its launches
+// (kLaunch), and fails that candidate there with its error (empty: none). And: forget every
+// shape tuned in this process.
+enum class AutotuneStage { kCompile, kLaunch };
+using AutotuneHook = std::function<absl::Status(const KernelConfig&, AutotuneStage)>;
+void SetAutotuneCandidateHookForTesting(AutotuneHook hook);
 void ForgetAutotunedForTesting();
 
 // Launches `config` over all of m in chunks of chunk_m (the part of Gemv after planning), with

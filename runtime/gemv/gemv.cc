@@ -434,7 +434,9 @@ absl::Status ReleaseGemvWorkspace(CUstream_st* stream, int device) {
         "ReleaseGemvWorkspace: the stream is being captured; the graph being captured would use "
         "the workspace it frees. End the capture first");
   }
-  // The stream's queued and running kernels may still use the buffers.
+  // The stream's queued and running kernels may still use the buffers. Relaxed: the sync and
+  // the frees touch no stream that another thread may be capturing.
+  const internal::RelaxedCaptureMode relaxed;
   CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));
   internal::ReleaseStreamWorkspace(scope.context(), stream);
   return absl::OkStatus();

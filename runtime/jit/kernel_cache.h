@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,6 +66,15 @@ absl::StatusOr<std::string> DefaultArch(int device);
 // Compiles or fetches the kernel for the device's architecture and loads it there. Cached per
 // (device, key): the second call costs a hash lookup.
 absl::StatusOr<LoadedKernel> GetKernel(int device, const KernelConfig& config);
+
+// Precompile of each of `configs` for `arch` (not empty) on `threads` workers (0: all cores),
+// result i for configuration i; `progress` as PrecompileAll's, after each success. With
+// `stop_on_error` no configuration is started after a failure (those hold CancelledError);
+// without, every one is tried (the autotuner drops those that fail).
+std::vector<absl::StatusOr<PrecompileResult>> PrecompileEach(
+    const std::vector<KernelConfig>& configs, const std::string& arch, int threads,
+    bool stop_on_error,
+    const std::function<void(int done, int total, const PrecompileResult&)>& progress = nullptr);
 
 }  // namespace gemvz::internal
 

@@ -56,43 +56,59 @@ absl::StatusOr<PrecompileResult> Precompile(const KernelConfig& config, const st
   return r;
 }
 
-absl::StatusOr<std::vector<PrecompileResult>> PrecompileAll(
+namespace internal {
+
+std::vector<absl::StatusOr<PrecompileResult>> PrecompileEach(
     const std::vector<KernelConfig>& configs, const std::string& arch, int threads,
+    bool stop_on_error,
     const std::function<void(int done, int total, const PrecompileResult&)>& progress) {
-  // Check everything before starting any work: a typo at line 40 should not cost 39 compiles.
-  for (const KernelConfig& c : configs) RETURN_IF_ERROR(ValidateConfig(c));
-  ASSIGN_OR_RETURN(const std::string target, ResolveArch(arch));
+  std::vector<absl::StatusOr<PrecompileResult>> results(
+      configs.size(), absl::CancelledError("not started: an earlier configuration failed"));
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads = std::max(1, std::min<int>(threads, static_cast<int>(configs.size())));
-
-  std::vector<PrecompileResult> results(configs.size());
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   absl::Mutex mu;
-  absl::Status first_error;  // guarded by mu
-  int done = 0;              // guarded by mu
+  int done = 0;  // guarded by mu
   auto worker = [&] {
-    while (!failed.load()) {
+    while (!(stop_on_error && failed.load())) {
       const size_t i = next.fetch_add(1);
       if (i >= configs.size()) return;
-      absl::StatusOr<PrecompileResult> r = Precompile(configs[i], target);
+      absl::StatusOr<PrecompileResult> r = Precompile(configs[i], arch);
       absl::MutexLock lock(&mu);
+      results[i] = r;
       if (!r.ok()) {
-        if (first_error.ok()) first_error = r.status();
         failed.store(true);
-        return;
+        continue;
       }
-      results[i] = *r;
       ++done;
       // Under the lock: callbacks never overlap and see `done` in order.
-      if (progress) progress(done, static_cast<int>(configs.size()), results[i]);
+      if (progress) progress(done, static_cast<int>(configs.size()), *r);
     }
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
   worker();
   for (std::thread& t : pool) t.join();
-  if (!first_error.ok()) return first_error;
+  return results;
+}
+
+}  // namespace internal
+
+absl::StatusOr<std::vector<PrecompileResult>> PrecompileAll(
+    const std::vector<KernelConfig>& configs, const std::string& arch, int threads,
+    const std::function<void(int done, int total, const PrecompileResult&)>& progress) {
+  // Check everything before starting any work: a typo at line 40 should not cost 39 compiles.
+  for (const KernelConfig& c : configs) RETURN_IF_ERROR(ValidateConfig(c));
+  ASSIGN_OR_RETURN(const std::string target, ResolveArch(arch));
+  std::vector<absl::StatusOr<PrecompileResult>> each =
+      internal::PrecompileEach(configs, target, threads, /*stop_on_error=*/true, progress);
+  std::vector<PrecompileResult> results;
+  results.reserve(each.size());
+  for (const absl::StatusOr<PrecompileResult>& r : each) {
+    if (!r.ok() && !absl::IsCancelled(r.status())) return r.status();
+  }
+  for (absl::StatusOr<PrecompileResult>& r : each) results.push_back(*std::move(r));
   return results;
 }
 
