@@ -1,9 +1,11 @@
 // Tests of the CLI's CPU machinery (tools/gemvz/bench_support): argument parsing, random data,
 // the double-precision reference GEMV, the error bound and its checks, tables, JSON and plots.
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -732,6 +734,41 @@ TEST(PlotSpeedups, NeverLeavesAHalfDrawnChartOrItsScratchDirectory) {
   }
   EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
   EXPECT_NE(st.message().find("disk full"), absl::string_view::npos) << st;
+  EXPECT_FALSE(gemvz::testing::Exists(png));
+  EXPECT_TRUE(gemvz::testing::ListDir(tmp).empty());
+}
+
+// A Ctrl-C while gnuplot draws reaches gnuplot and its shell only (std::system ignores SIGINT in
+// the caller meanwhile): PlotSpeedups then removes its scratch directory and ends the process by
+// the same signal, as every command does when interrupted. In a forked child, since it dies.
+TEST(PlotSpeedups, AnInterruptedGnuplotEndsTheCommandByTheSignal) {
+  const std::string dir = TempDir();
+  const std::string bin = dir + "/bin";
+  const std::string tmp = dir + "/tmp";
+  ASSERT_EQ(mkdir(bin.c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(tmp.c_str(), 0755), 0);
+  const std::string fake = bin + "/gnuplot";
+  {
+    // Both the shell that std::system started and the fake itself get SIGINT, as from a terminal.
+    std::ofstream script(fake);
+    script << "#!/bin/sh\nkill -INT $PPID\nkill -INT $$\nsleep 5\nexit 0\n";
+  }
+  ASSERT_EQ(chmod(fake.c_str(), 0755), 0);
+  const std::string png = dir + "/chart.png";
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const char* old_path = std::getenv("PATH");
+    setenv("PATH", (bin + ":" + (old_path == nullptr ? "" : old_path)).c_str(), 1);
+    setenv("TMPDIR", tmp.c_str(), 1);
+    (void)PlotSpeedups({FakeCase(SuiteShapes()[0], 1, 10, 13, 14, 12)}, "t", png);
+    _exit(3);  // returned: the signal did not end it
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT)
+      << "status " << status << (WIFEXITED(status) ? " (exited)" : "");
   EXPECT_FALSE(gemvz::testing::Exists(png));
   EXPECT_TRUE(gemvz::testing::ListDir(tmp).empty());
 }

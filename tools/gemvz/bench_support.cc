@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -789,6 +790,13 @@ absl::Status PlotSpeedups(const std::vector<BenchCase>& cases, const std::string
     const std::string cmd = absl::StrCat(ShellQuote(gnuplot), " ", ShellQuote(script_path),
                                          " > ", ShellQuote(log_path), " 2>&1");
     const int rc = std::system(cmd.c_str());
+    // std::system ignores SIGINT and SIGQUIT in this process while gnuplot runs, so a Ctrl-C
+    // reaches only the shell and gnuplot: take it here, after the scratch directory has gone.
+    if (rc != -1 && WIFSIGNALED(rc) && (WTERMSIG(rc) == SIGINT || WTERMSIG(rc) == SIGQUIT)) {
+      std::move(remove_scratch).Invoke();
+      std::raise(WTERMSIG(rc));
+      return absl::CancelledError("--plot: interrupted");  // only if the signal is ignored
+    }
     if (rc == 0 && access(scratch_png.c_str(), F_OK) == 0) {
       absl::StatusOr<std::string> png = internal::ReadFile(scratch_png);
       result = png.ok() ? internal::AtomicWriteFile(png_path, *png) : png.status();
