@@ -447,8 +447,13 @@ TEST(CheckpointTest, ConflictingInputsAreRefused) {
   EXPECT_NE(r.status().message().find("'w.z12.weights'"), std::string::npos) << r.status();
   // ... or of a packed tensor in another input: the outputs would hold that name twice.
   WriteCheckpoint(dir + "/p.safetensors", {{"w.z12.weights", "U8", {4}, "abcd", false, ""}});
-  r = PackCheckpoint({dir + "/y.safetensors", dir + "/p.safetensors"}, dir + "/o8");
+  // Found before any work: no tensor of y is packed first.
+  int progress_calls = 0;
+  CheckpointPackOptions counted;
+  counted.progress = [&](const PackProgress&) { ++progress_calls; };
+  r = PackCheckpoint({dir + "/y.safetensors", dir + "/p.safetensors"}, dir + "/o8", counted);
   ASSERT_FALSE(r.ok());
+  EXPECT_EQ(progress_calls, 0) << "the collision was found after packing had begun";
   EXPECT_NE(r.status().message().find("'w.z12.weights'"), std::string::npos) << r.status();
   EXPECT_NE(r.status().message().find(dir + "/y.safetensors"), std::string::npos) << r.status();
   r = PackCheckpoint({dir + "/p.safetensors", dir + "/y.safetensors"}, dir + "/o9");

@@ -103,6 +103,10 @@ class Driver {
 
   int64_t bytes_total_ = 0, tensors_total_ = 0;
 
+  // Claims the names of `in`'s output tensors; an error when one is already taken. Called for
+  // every input before any work.
+  absl::Status ClaimOutputNames(const SafetensorsFile& in);
+
  private:
   absl::Status PackTensor(const SafetensorsFile& in, const TensorPlan& plan,
                           SafetensorsWriter& writer, TensorPackReport& r);
@@ -263,13 +267,10 @@ absl::Status Driver::Verify(const SafetensorsFile& in, const std::vector<TensorP
   return absl::OkStatus();
 }
 
-absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_path,
-                              std::unique_ptr<SafetensorsWriter>* writer_out) {
-  const std::vector<TensorPlan> plans = PlanFile(in);
-
+absl::Status Driver::ClaimOutputNames(const SafetensorsFile& in) {
   // Output names must not collide (an input tensor called "x.z12.weights" beside a packed "x"),
   // in this file or in another output of the same run.
-  for (const TensorPlan& p : plans) {
+  for (const TensorPlan& p : PlanFile(in)) {
     std::vector<std::string> out_names;
     if (p.pack) {
       for (int i = 0; i < internal::kPackedParts; ++i) {
@@ -287,6 +288,12 @@ absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_path,
+                              std::unique_ptr<SafetensorsWriter>* writer_out) {
+  const std::vector<TensorPlan> plans = PlanFile(in);
 
   // Room for the header, which is written last: every unknown number at its longest.
   std::vector<SafetensorsEntry> bound_entries;
@@ -387,6 +394,7 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
     }
     files.push_back(std::move(f));
   }
+  for (const auto& f : files) RETURN_IF_ERROR(driver.ClaimOutputNames(*f));
   if (options.verify) driver.bytes_total_ *= 2;  // every byte is read again to verify it
   // A failure takes back the directories made here, so that it leaves out_dir as it was.
   std::vector<std::string> created_dirs;
