@@ -855,6 +855,12 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
     u.out = std::make_unique<DeviceBuffer>(m * n * 2);
     u.out->Fill16(kPoison);
   }
+  // A stream whose split-K workspace is released inside the window.
+  CUstream released;
+  ASSERT_EQ(api.cuStreamCreate(&released, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  DeviceBuffer rout(m * n * 2);
+  ASSERT_TRUE(Gemv(tuned.dm, tx.as<uint16_t>(), m, rout.as<uint16_t>(), released, split_k).ok());
+  ASSERT_EQ(api.cuStreamSynchronize(released), CUDA_SUCCESS);
   testing::Synchronize();
   absl::Notification begun, uses_done;
   CUresult begin = CUDA_SUCCESS, end = CUDA_SUCCESS;
@@ -869,12 +875,6 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
                       captured_opt);
     end = api.cuStreamEndCapture(capture_stream, &graph);
   });
-  // A stream whose split-K workspace is released inside the window.
-  CUstream released;
-  ASSERT_EQ(api.cuStreamCreate(&released, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  DeviceBuffer rout(m * n * 2);
-  ASSERT_TRUE(Gemv(tuned.dm, tx.as<uint16_t>(), m, rout.as<uint16_t>(), released, split_k).ok());
-  ASSERT_EQ(api.cuStreamSynchronize(released), CUDA_SUCCESS);
   begun.WaitForNotification();
   for (Use& u : uses) {
     u.status = Gemv(tuned.dm, tx.as<uint16_t>(), m, u.out->as<uint16_t>(), u.stream, u.options);
