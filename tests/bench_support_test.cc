@@ -705,25 +705,35 @@ TEST(PlotSpeedups, DrawsAPngWhenGnuplotIsInstalled) {
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
 }
 
+// A test directory with bin/gnuplot, a shell script of `body`, and an empty tmp/ to serve as
+// TMPDIR (a step that fails fails the test).
+struct FakeGnuplotDirs {
+  std::string dir, bin, tmp;
+};
+FakeGnuplotDirs MakeFakeGnuplot(const std::string& body) {
+  FakeGnuplotDirs d{TempDir(), "", ""};
+  d.bin = d.dir + "/bin";
+  d.tmp = d.dir + "/tmp";
+  EXPECT_EQ(mkdir(d.bin.c_str(), 0755), 0);
+  EXPECT_EQ(mkdir(d.tmp.c_str(), 0755), 0);
+  const std::string fake = d.bin + "/gnuplot";
+  {
+    std::ofstream script(fake);
+    script << "#!/bin/sh\n" << body;
+  }
+  EXPECT_EQ(chmod(fake.c_str(), 0755), 0);
+  return d;
+}
+
 // gnuplot draws into a scratch directory; only a whole chart reaches the user's path, and the
 // scratch directory goes whatever happens. A fake gnuplot that writes half a file and fails stands
 // for a crash or a full disk mid-drawing.
 TEST(PlotSpeedups, NeverLeavesAHalfDrawnChartOrItsScratchDirectory) {
-  const std::string dir = TempDir();
-  const std::string bin = dir + "/bin";
-  const std::string tmp = dir + "/tmp";
-  ASSERT_EQ(mkdir(bin.c_str(), 0755), 0);
-  ASSERT_EQ(mkdir(tmp.c_str(), 0755), 0);
-  const std::string fake = bin + "/gnuplot";
-  {
-    std::ofstream script(fake);
-    script << "#!/bin/sh\n"
-           << "out=$(sed -n \"s/^set output '\\(.*\\)'$/\\1/p\" \"$1\")\n"
-           << "printf '\\211PN' > \"$out\"\n"
-           << "echo 'fake gnuplot: disk full' >&2\n"
-           << "exit 1\n";
-  }
-  ASSERT_EQ(chmod(fake.c_str(), 0755), 0);
+  const auto [dir, bin, tmp] = MakeFakeGnuplot(
+      "out=$(sed -n \"s/^set output '\\(.*\\)'$/\\1/p\" \"$1\")\n"
+      "printf '\\211PN' > \"$out\"\n"
+      "echo 'fake gnuplot: disk full' >&2\n"
+      "exit 1\n");
   const char* old_path = std::getenv("PATH");
   const std::string png = dir + "/chart.png";
   absl::Status st;
@@ -742,18 +752,8 @@ TEST(PlotSpeedups, NeverLeavesAHalfDrawnChartOrItsScratchDirectory) {
 // the caller meanwhile): PlotSpeedups then removes its scratch directory and ends the process by
 // the same signal, as every command does when interrupted. In a forked child, since it dies.
 TEST(PlotSpeedups, AnInterruptedGnuplotEndsTheCommandByTheSignal) {
-  const std::string dir = TempDir();
-  const std::string bin = dir + "/bin";
-  const std::string tmp = dir + "/tmp";
-  ASSERT_EQ(mkdir(bin.c_str(), 0755), 0);
-  ASSERT_EQ(mkdir(tmp.c_str(), 0755), 0);
-  const std::string fake = bin + "/gnuplot";
-  {
-    // Both the shell that std::system started and the fake itself get SIGINT, as from a terminal.
-    std::ofstream script(fake);
-    script << "#!/bin/sh\nkill -INT $PPID\nkill -INT $$\nsleep 5\nexit 0\n";
-  }
-  ASSERT_EQ(chmod(fake.c_str(), 0755), 0);
+  // Both the shell that std::system started and the fake itself get SIGINT, as from a terminal.
+  const auto [dir, bin, tmp] = MakeFakeGnuplot("kill -INT $PPID\nkill -INT $$\nsleep 5\nexit 0\n");
   const std::string png = dir + "/chart.png";
   std::fflush(nullptr);
   const pid_t pid = fork();
