@@ -111,5 +111,27 @@ TEST(RenameAllOrNothingTest, TheSameTargetTwiceIsRefused) {
   EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"a.tmp", "b.tmp"}));
 }
 
+// A file name near NAME_MAX (255 bytes) is a valid name; its temporary and backup names beside
+// it must be valid too, so that writing it and replacing it work.
+TEST(SiblingPathTest, NamesNearNameMaxStillWriteAndReplace) {
+  EXPECT_EQ(SiblingPath("d/f.json", ".tmp.", "7"), "d/f.json.tmp." + std::to_string(getpid()) + ".7");
+  const std::string long_name(250, 'n');
+  const std::string sibling = SiblingPath("/x/" + long_name, ".old.", "12");
+  EXPECT_EQ(sibling.size() - 3, 255u) << sibling;
+  EXPECT_EQ(sibling.rfind("/x/nnn", 0), 0u);
+
+  const std::string dir = MakeTempDir("file_util_test");
+  const std::string path = dir + "/" + long_name;
+  ASSERT_TRUE(AtomicWriteFile(path, "first").ok());
+  ASSERT_TRUE(AtomicWriteFile(path, "second").ok());
+  EXPECT_EQ(ReadAll(path), "second");
+  // Replaced by a publish, which keeps the old file under a backup name until the end.
+  WriteAll(dir + "/new", "third");
+  const absl::Status st = RenameAllOrNothing({{dir + "/new", path}});
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(ReadAll(path), "third");
+  EXPECT_EQ(ListDir(dir), (std::vector<std::string>{long_name}));
+}
+
 }  // namespace
 }  // namespace gemvz::internal

@@ -288,7 +288,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   static std::atomic<uint64_t> counter{0};
   std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter());
   w->path_ = path;
-  w->temp_path_ = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
+  w->temp_path_ = SiblingPath(path, ".tmp.", absl::StrCat(counter.fetch_add(1)));
   w->temp_registration_ = TempFileRegistration(w->temp_path_);  // before the file exists
   w->fd_ = ::open(w->temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (w->fd_ < 0) return ErrnoStatus(absl::StrCat("cannot create '", w->temp_path_, "'"));

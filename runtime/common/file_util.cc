@@ -71,14 +71,26 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return out;
 }
 
+std::string SiblingPath(const std::string& path, std::string_view kind, std::string_view unique) {
+  constexpr size_t kNameMax = 255;  // NAME_MAX on Linux file systems
+  const std::string suffix = absl::StrCat(std::string(kind), ::getpid(), ".", std::string(unique));
+  const size_t slash = path.rfind('/');
+  const size_t name_start = slash == std::string::npos ? 0 : slash + 1;
+  const size_t name_size = path.size() - name_start;
+  if (name_size + suffix.size() <= kNameMax) return path + suffix;
+  const size_t keep = kNameMax > suffix.size() ? kNameMax - suffix.size() : 0;
+  return absl::StrCat(path.substr(0, name_start + std::min(keep, name_size)), suffix);
+}
+
 absl::Status AtomicWriteFileStreamed(
     const std::string& path,
     const std::function<absl::Status(const std::function<absl::Status(const void*, size_t)>&)>&
         write) {
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".",
-                                       std::hash<std::thread::id>()(std::this_thread::get_id()),
-                                       ".", counter.fetch_add(1));
+  const std::string tmp = SiblingPath(
+      path, ".tmp.",
+      absl::StrCat(std::hash<std::thread::id>()(std::this_thread::get_id()), ".",
+                   counter.fetch_add(1)));
   // Removed by a signal handler (temp_files.h) if the process is interrupted before the rename.
   TempFileRegistration registration(tmp);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -195,7 +207,7 @@ absl::Status RenameAllOrNothing(const std::vector<PendingRename>& renames) {
     // fresh name when one is taken.
     int e = EEXIST;
     for (int attempt = 0; attempt < 100 && e == EEXIST; ++attempt) {
-      s.backup = absl::StrCat(to, ".old.", ::getpid(), ".", counter.fetch_add(1));
+      s.backup = SiblingPath(to, ".old.", absl::StrCat(counter.fetch_add(1)));
       if (::link(to.c_str(), s.backup.c_str()) == 0) {
         e = 0;
       } else if (errno == EEXIST || errno == ENOENT) {

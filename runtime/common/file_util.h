@@ -45,6 +45,11 @@ absl::Status ErrnoStatus(const std::string& what);
 // The directory part of `path` ("." when there is none).
 std::string DirName(const std::string& path);
 
+// A name beside `path` for this process's temporary or backup file:
+// "<file name><kind><pid>.<unique>" (kind ".tmp." or ".old."), with the file name shortened
+// where the whole would pass NAME_MAX (255 bytes) though `path`'s own name does not.
+std::string SiblingPath(const std::string& path, std::string_view kind, std::string_view unique);
+
 // mkdir -p. With `created`, appends the directories it made, outermost first (so that a caller
 // that fails later can take them back: RemoveCreatedDirectories).
 absl::Status CreateDirectories(const std::string& path, std::vector<std::string>* created = nullptr);

@@ -639,7 +639,8 @@ absl::Status CheckOutputFile(const char* flag, const std::string& path) {
   static std::atomic<uint64_t> counter{0};
   int e = EEXIST;
   for (int attempt = 0; attempt < 100 && e == EEXIST; ++attempt) {
-    const std::string probe = absl::StrCat(path, ".tmp.", ::getpid(), ".probe", counter++);
+    const std::string probe =
+        internal::SiblingPath(path, ".tmp.", absl::StrCat("probe", counter++));
     internal::TempFileRegistration registration(probe);
     const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd >= 0) {
