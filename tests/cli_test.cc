@@ -310,6 +310,18 @@ TEST_F(CliTest, BadArchOutputPathsAndRangesFailBeforeAnyWork) {
   const Result space = Run({"tune", "--space=adir"});
   EXPECT_EQ(space.rc, 2);
   EXPECT_CONTAINS(space.err, "Is a directory");
+  // --j: a negative or absurd thread count, in every command that takes it.
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"demo", "--j=5000"},
+           {"tune", "--config=z12.nw8.ug2.nb1.pipe3.s1", "--j=-1"},
+           {"warmup", "z12.nw8.ug2.nb1.pipe3", "--j=5000"},
+           {"pack", "in.safetensors", "-o", "out", "--j=-3"},
+           {"bench", "--j=100000"}}) {
+    const Result r = Run(args);
+    EXPECT_EQ(r.rc, 2) << absl::StrJoin(args, " ") << ": " << r.err;
+    EXPECT_CONTAINS(r.err, "expected 0 (all cores) to 1024");
+    EXPECT_FALSE(absl::StrContains(r.out, "compiled")) << r.out;
+  }
 }
 
 TEST_F(CliTest, BenchSequenceUsageErrorsSayWhy) {

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "runtime/common/status_macros.h"
 #include "tools/gemvz/common_flags.h"
 
 ABSL_FLAG(int, replays, 20, "timed CUDA-graph replays per measurement; the median is reported");
@@ -64,10 +65,7 @@ absl::StatusOr<WorkloadOptions> WorkloadFromFlags(uint64_t seed) {
         absl::StrCat("bad --rotate_mb=", mb, ": expected 1..1048576 (MiB)"));
   }
   w.rotate_bytes = mb << 20;
-  w.threads = absl::GetFlag(FLAGS_j);
-  if (w.threads < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bad --j=", w.threads, ": expected >= 0"));
-  }
+  ASSIGN_OR_RETURN(w.threads, ThreadsFromFlag());
   w.seed = seed;
   return w;
 }

@@ -15,6 +15,15 @@ ABSL_FLAG(int, device, 0, "GPU ordinal");
 
 namespace gemvz::cli {
 
+absl::StatusOr<int> ThreadsFromFlag() {
+  const int j = absl::GetFlag(FLAGS_j);
+  if (j < 0 || j > kMaxThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad --j=", j, ": expected 0 (all cores) to ", kMaxThreads));
+  }
+  return j;
+}
+
 absl::StatusOr<std::string> ArchFromFlag(int device) {
   const std::string arch = absl::GetFlag(FLAGS_arch);
   if (arch.empty()) return internal::DefaultArch(device);

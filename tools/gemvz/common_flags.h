@@ -20,4 +20,9 @@ namespace gemvz::cli {
 // sm_90 on a machine without one. A bad value is an error that names where it came from.
 absl::StatusOr<std::string> ArchFromFlag(int device);
 
+// --j, checked: 0 (all cores) to kMaxThreads. More threads than that only fail to start (a huge
+// value made std::thread throw out of the command).
+inline constexpr int kMaxThreads = 1024;
+absl::StatusOr<int> ThreadsFromFlag();
+
 }  // namespace gemvz::cli

@@ -314,7 +314,12 @@ int RunDemo(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  const int threads = absl::GetFlag(FLAGS_j);
+  const absl::StatusOr<int> threads_or = ThreadsFromFlag();
+  if (!threads_or.ok()) {
+    std::fprintf(stderr, "gemvz demo: %s\n", std::string(threads_or.status().message()).c_str());
+    return 2;
+  }
+  const int threads = *threads_or;
 
   absl::StatusOr<std::string> arch_or = ArchFromFlag(absl::GetFlag(FLAGS_device));
   if (!arch_or.ok()) {

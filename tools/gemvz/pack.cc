@@ -210,8 +210,9 @@ int RunPack(const std::vector<std::string>& args) {
                  args.empty() ? "no input .safetensors file" : "no output directory: give -o DIR");
     return 2;
   }
-  if (absl::GetFlag(FLAGS_j) < 0) {
-    std::fprintf(stderr, "gemvz pack: --j must be >= 0\n");
+  const absl::StatusOr<int> threads = ThreadsFromFlag();
+  if (!threads.ok()) {
+    std::fprintf(stderr, "gemvz pack: %s\n", std::string(threads.status().message()).c_str());
     return 2;
   }
   // The report may go into -o itself, which the pack creates: there it is checked once it exists.
@@ -229,7 +230,7 @@ int RunPack(const std::vector<std::string>& args) {
     return 2;
   }
   CheckpointPackOptions options;
-  options.threads = absl::GetFlag(FLAGS_j);
+  options.threads = *threads;
   options.verify = absl::GetFlag(FLAGS_verify);
   options.keep_nonfinite = absl::GetFlag(FLAGS_keep_nonfinite);
   ProgressBar bar;

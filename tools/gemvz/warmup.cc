@@ -137,7 +137,12 @@ int RunWarmup(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gemvz warmup: %s\n", std::string(st.message()).c_str());
     return 2;
   }
-  int threads = absl::GetFlag(FLAGS_j);
+  const absl::StatusOr<int> threads_or = ThreadsFromFlag();
+  if (!threads_or.ok()) {
+    std::fprintf(stderr, "gemvz warmup: %s\n", std::string(threads_or.status().message()).c_str());
+    return 2;
+  }
+  int threads = *threads_or;
   if (threads <= 0) threads = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   const std::string cache_dir = CacheDirectory();
   std::fprintf(stderr, "gemvz warmup: %zu kernels for %s on %d threads into %s\n", configs->size(),
