@@ -142,7 +142,18 @@ int Verify(internal::DiskCache& cache) {
     }
     ++bad;
     std::printf("BAD  %s  %s\n", e.key.c_str(), std::string(e.status.message()).c_str());
-    if (remove && std::remove(e.path.c_str()) == 0) ++removed;
+    if (remove) {
+      // Under the key's lock and after a second look, as the library does: a process may have
+      // put a good entry in its place since the list was made.
+      const std::unique_ptr<internal::DiskCache::KeyLock> lock = cache.LockKey(e.key);
+      internal::CompiledKernel again;
+      std::string reason;
+      if (cache.Read(e.key, &again, &reason, /*remove_bad=*/false) ==
+              internal::DiskCache::Lookup::kRejected &&
+          std::remove(e.path.c_str()) == 0) {
+        ++removed;
+      }
+    }
   }
   std::printf("%zu entries checked in %s: %zu valid, %d invalid%s\n", entries->size(),
               cache.directory().c_str(), entries->size() - bad, bad,
