@@ -295,6 +295,29 @@ TEST(DiskCacheTest, ListVerifyAndClear) {
   EXPECT_TRUE(cache.List(false)->empty());
 }
 
+// An entry that exists but cannot be read (here a directory in its place; a permission or an I/O
+// error alike) is a miss with its reason, and one warning per process says so.
+TEST(DiskCacheTest, AnUnreadableEntryIsAMissSaidOnce) {
+  TempDir dir;
+  const std::string key = RandomKernel(1).key;
+  ASSERT_TRUE(CreateDirectories(DiskCache(dir.path()).EntryPath(key)).ok());
+  // In a child: the warning is once per process, and this binary's other tests may have said it.
+  const int code = jit_test::RunInChild([&] {
+    DiskCache cache(dir.path());
+    CompiledKernel k;
+    std::string reason;
+    testing::internal::CaptureStderr();
+    const bool misses =
+        cache.Read(key, &k, &reason, false) == DiskCache::Lookup::kMissing &&
+        cache.Read(key, &k, &reason, false) == DiskCache::Lookup::kMissing;
+    const std::string err = testing::internal::GetCapturedStderr();
+    if (!misses || reason.empty()) return 1;
+    if (jit_test::CountOccurrences(err, "warning") != 1) return 2;
+    return err.find(key) != std::string::npos ? 0 : 3;
+  });
+  EXPECT_EQ(code, 0);
+}
+
 TEST(DiskCacheTest, KeyLockExcludesAcrossOpenFiles) {
   TempDir dir;
   DiskCache a(dir.path()), b(dir.path());

@@ -295,8 +295,17 @@ DiskCache::Lookup DiskCache::Read(const std::string& key, CompiledKernel* out, s
   absl::StatusOr<std::string> bytes = ReadFile(path);
   if (!bytes.ok()) {
     if (absl::IsNotFound(bytes.status())) return Lookup::kMissing;
-    // Unreadable (permissions, I/O error): not a cache we can use for this key.
+    // Unreadable (permissions, I/O error): not a cache we can use for this key. Said once when
+    // something is there, or every process would recompile it in silence (a path that cannot
+    // exist, through a regular file, is the unusable directory the first write reports).
     if (reason != nullptr) *reason = std::string(bytes.status().message());
+    static std::atomic<bool> warned{false};
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && !warned.exchange(true)) {
+      GEMVZ_LOG_WARNING("kernel cache entry '%s' cannot be read (%s); compiling instead (said once "
+                        "per process)",
+                        path, bytes.status().message());
+    }
     return Lookup::kMissing;
   }
   absl::StatusOr<CompiledKernel> parsed = ParseEntry(*bytes, key);
