@@ -1,6 +1,7 @@
 // NVRTC compiler: real kernels compile for sm_90 without a GPU into cubin + PTX holding the
 // tensor-core and byte-permute instructions; failures carry log, options and configuration;
 // ptxas statistics are parsed; architectures are checked.
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -274,6 +275,23 @@ TEST(CubinInfoTest, RefusesWhatIsNotACubin) {
   const std::string& cubin = (*compiled)->cubin;
   EXPECT_FALSE(ReadCubinKernelInfo(cubin, "no_such_kernel").ok());
   EXPECT_FALSE(ReadCubinKernelInfo(cubin.substr(0, cubin.size() / 3), (*compiled)->lowered_name).ok());
+  // Each section in turn made SHT_NOBITS with an offset far past the end (a crafted entry whose
+  // checksum was recomputed): an answer or an error, never a throw or a read out of bounds.
+  uint64_t shoff = 0;
+  uint16_t shentsize = 0, shnum = 0;
+  std::memcpy(&shoff, cubin.data() + 0x28, 8);
+  std::memcpy(&shentsize, cubin.data() + 0x3A, 2);
+  std::memcpy(&shnum, cubin.data() + 0x3C, 2);
+  ASSERT_GT(shnum, 0);
+  for (uint16_t i = 0; i < shnum; ++i) {
+    std::string crafted = cubin;
+    const size_t at = shoff + static_cast<size_t>(i) * shentsize;
+    const uint32_t nobits = 8;
+    const uint64_t far = uint64_t{1} << 60;
+    std::memcpy(crafted.data() + at + 4, &nobits, 4);
+    std::memcpy(crafted.data() + at + 24, &far, 8);
+    (void)ReadCubinKernelInfo(crafted, (*compiled)->lowered_name);
+  }
 }
 
 }  // namespace

@@ -58,8 +58,9 @@ absl::StatusOr<CubinKernelInfo> ReadCubinKernelInfo(std::string_view elf, std::s
       return bad("section header out of bounds");
     }
   }
+  // A SHT_NOBITS section's offset and size were not checked against the file: it has no bytes.
   auto str = [&](const Section& table, uint32_t off) -> std::string_view {
-    if (off >= table.size) return {};
+    if (table.type == 8 || off >= table.size) return {};
     const std::string_view t = elf.substr(table.offset + off, table.size - off);
     return t.substr(0, t.find('\0'));
   };
@@ -69,7 +70,7 @@ absl::StatusOr<CubinKernelInfo> ReadCubinKernelInfo(std::string_view elf, std::s
   const Section* global_info = nullptr;
   for (const Section& s : secs) {
     const std::string_view name = str(secs[shstrndx], s.name);
-    if (name == ".nv.info") global_info = &s;
+    if (name == ".nv.info" && s.type != 8) global_info = &s;
     if (name == absl::StrCat(".nv.shared.", std::string(kernel))) {
       info.shared_bytes = static_cast<int>(s.size);
     }
