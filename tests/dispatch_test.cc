@@ -82,14 +82,18 @@ using jit_test::TempDir;
 using testing::ReadAll;
 using testing::WriteAll;
 
-using Key = std::tuple<std::string, int, int64_t, int64_t, int64_t>;
-Key KeyOf(const TunedChoice& c) { return {c.arch, static_cast<int>(c.format), c.m, c.n, c.k}; }
+using Key = std::tuple<std::string, std::string, int, int64_t, int64_t, int64_t>;
+Key KeyOf(const TunedChoice& c) {
+  return {c.arch, c.device, static_cast<int>(c.format), c.m, c.n, c.k};
+}
 
 // A valid tuned choice for a random shape; `tag` goes into n so that callers can keep keys apart.
 TunedChoice RandomChoice(std::mt19937_64& rng, int64_t tag = 0) {
   static const char* const kArchs[] = {"sm_90", "sm_80", "sm_100a"};
+  static const char* const kDevices[] = {"", "NVIDIA H200", "NVIDIA H100 80GB HBM3"};
   TunedChoice c;
   c.arch = kArchs[rng() % 3];
+  c.device = kDevices[rng() % 3];
   c.format = kFormats[rng() % 2];
   c.n = 16 * (1 + static_cast<int64_t>(rng() % 4096) + 4096 * tag);
   c.k = 64 * (1 + static_cast<int64_t>(rng() % 512));
@@ -466,9 +470,23 @@ TEST_F(TuningFileTest, VersionIsTheOldestThatHoldsTheEntries) {
   for (const TunedChoice& t : *loaded) configs.insert(t.config.ToString());
   EXPECT_EQ(configs, (std::set<std::string>{"z12.nw4.ug1.nb2.pipe3.gm.s1",
                                             "z12.nw4.ug1.nb1.pipe2.s1"}));
-  // Version 2 to 5 files without such entries read too.
+  // An entry that names the GPU it was measured on: version 6, and the name survives.
+  TunedChoice named = c;
+  named.m = 8;
+  named.device = "NVIDIA H200";
+  ASSERT_TRUE(SaveTunedChoices({named}).ok());
+  const nlohmann::json doc6 = nlohmann::json::parse(ReadAll(path_));
+  EXPECT_EQ(doc6.at("version"), 6);
+  loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  ASSERT_EQ(loaded->size(), 3u);  // beside the two entries that name no device
+  int named_entries = 0;
+  for (const TunedChoice& t : *loaded) named_entries += t.device == "NVIDIA H200";
+  EXPECT_EQ(named_entries, 1);
+  // Version 2 to 6 files without such entries read too.
   for (const char* text : {R"({"version": 2, "entries": []})", R"({"version": 3, "entries": []})",
-                           R"({"version": 4, "entries": []})", R"({"version": 5, "entries": []})"}) {
+                           R"({"version": 4, "entries": []})", R"({"version": 5, "entries": []})",
+                           R"({"version": 6, "entries": []})"}) {
     WriteAll(path_, text);
     loaded = Load();
     ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
@@ -477,12 +495,12 @@ TEST_F(TuningFileTest, VersionIsTheOldestThatHoldsTheEntries) {
 }
 
 TEST_F(TuningFileTest, NewerSchemaIsNeitherReadNorOverwritten) {
-  const std::string newer = R"({"version": 6, "entries": [], "something": "new"})";
+  const std::string newer = R"({"version": 7, "entries": [], "something": "new"})";
   WriteAll(path_, newer);
   absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_CONTAINS(Msg(loaded.status()), path_);
-  EXPECT_CONTAINS(Msg(loaded.status()), "schema version 6 is newer");
+  EXPECT_CONTAINS(Msg(loaded.status()), "schema version 7 is newer");
   const absl::Status st = SaveTunedChoices({RandomChoice(rng_)});
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << Msg(st);
   EXPECT_CONTAINS(Msg(st), path_);
@@ -1628,6 +1646,48 @@ TEST_F(ChooseConfigTest, TheTuningFileComesFirst) {
   EXPECT_EQ(Choose(GemvShape{7, 6144, 4096}, WeightFormat::kZ12).source, "tuned");
   EXPECT_EQ(Choose(shape, WeightFormat::kBf16).source, "tuned");
   EXPECT_EQ(Choose(shape, WeightFormat::kZ12, "sm_100").source, "heuristic");
+}
+
+// An entry measured on one GPU serves only a GPU of that name (an H100 and an H200 are both sm_90);
+// one that names no device serves every GPU of its arch, after the GPU's own.
+TEST_F(ChooseConfigTest, AnEntryMeasuredOnOneGpuServesOnlyThatGpu) {
+  const GemvShape shape{4, 2560, 2048};  // no table row
+  const KernelConfig h200{WeightFormat::kZ12, 4, 1, 1, 0, 1};
+  const KernelConfig h100{WeightFormat::kZ12, 8, 1, 1, 3, 1};
+  const KernelConfig any{WeightFormat::kZ12, 4, 2, 1, 3, 1};
+  TunedChoice a{"sm_90", WeightFormat::kZ12, 4, 2560, 2048, h200, 5.0, "NVIDIA H200"};
+  ASSERT_TRUE(SaveTunedChoices({a}).ok());
+  auto choose = [&](const std::string& device) {
+    absl::StatusOr<GemvPlan> plan =
+        ChooseConfig(shape, WeightFormat::kZ12, "sm_90", 132, WeightOrder::kBlockMajor, device);
+    EXPECT_TRUE(plan.ok()) << Msg(plan.status());
+    return plan.ok() ? *plan : GemvPlan{};
+  };
+  EXPECT_EQ(choose("NVIDIA H200").config, h200);
+  EXPECT_EQ(choose("NVIDIA H200").source, "tuning-file");
+  EXPECT_EQ(choose("NVIDIA H100 80GB HBM3").source, "heuristic");
+  EXPECT_EQ(choose("").source, "heuristic");
+  // Entries for another GPU and for any: each GPU gets its own, the others the common one.
+  TunedChoice b = a;
+  b.config = h100;
+  b.device = "NVIDIA H100 80GB HBM3";
+  TunedChoice c = a;
+  c.config = any;
+  c.device = "";
+  ASSERT_TRUE(SaveTunedChoices({b, c}).ok());
+  EXPECT_EQ(choose("NVIDIA H200").config, h200);
+  EXPECT_EQ(choose("NVIDIA H100 80GB HBM3").config, h100);
+  EXPECT_EQ(choose("NVIDIA L40S").config, any);
+  EXPECT_EQ(choose("").config, any);
+  // The upload order follows the same rule: group-major entries of another GPU do not move it.
+  TunedChoice g = a;
+  g.config = InOrder(h100, WeightOrder::kGroupMajor);
+  g.device = "NVIDIA H100 80GB HBM3";
+  ASSERT_TRUE(SaveTunedChoices({g}).ok());
+  EXPECT_EQ(PreferredOrder("sm_90", 2560, 2048, "NVIDIA H100 80GB HBM3"),
+            WeightOrder::kGroupMajor);
+  EXPECT_EQ(PreferredOrder("sm_90", 2560, 2048, "NVIDIA H200"), WeightOrder::kBlockMajor);
+  EXPECT_EQ(PreferredOrder("sm_90", 2560, 2048), WeightOrder::kBlockMajor);
 }
 
 // The weights' device order: the built-in table holds rows in one or both orders for a shape,

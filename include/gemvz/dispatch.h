@@ -12,25 +12,30 @@
 
 namespace gemvz {
 
-// One tuned decision: for (arch, format, m, n, k) use `config`.
+// One tuned decision: for (arch, format, m, n, k) use `config`, on the GPU named `device`.
 struct TunedChoice {
   std::string arch;  // "sm_90"
   WeightFormat format = WeightFormat::kZ12;
   int64_t m = 0, n = 0, k = 0;
   KernelConfig config;
   double time_us = 0;  // measured time of the winner, for reports
+  std::string device;  // the GPU it was measured on ("NVIDIA H200"); "" for any (the built-in
+                       // table, files older than version 6, entries written by hand)
 };
 
 // The tuning file: GEMVZ_TUNING_FILE, else <CacheDirectory()>/tuning.json. JSON
-// {"version": V, "entries": [{arch, format, m, n, k, config, time_us}, ...]}, written with the
-// oldest V that holds every entry, so that older gemvz read it while they can: 1, 2 once a config
-// uses RB 2, 3 once a 12-bit entry's warps take uneven shares of K, 4 once a config uses RB 4, 5
-// once a config reads group-major weights (".gm"). All five are read; a newer version is neither
-// read nor overwritten.
+// {"version": V, "entries": [{arch, [device,] format, m, n, k, config, time_us}, ...]}, written
+// with the oldest V that holds every entry, so that older gemvz read it while they can: 1, 2 once
+// a config uses RB 2, 3 once a 12-bit entry's warps take uneven shares of K, 4 once a config uses
+// RB 4, 5 once a config reads group-major weights (".gm"), 6 once an entry names its device. All
+// six are read; a newer version is neither read nor overwritten. An entry measured on one GPU
+// serves only a GPU of that name (an H100 and an H200 are both sm_90, but their winners differ);
+// one without a device serves every GPU of its arch.
 std::string TuningFilePath();
 // Merges `choices` into the tuning file (replacing entries of the same key), atomically. A 12-bit
 // choice whose weight order (KernelConfig::order) differs from the file's entries for the same
-// (arch, n, k) replaces those entries too (a warning says so): a shape's entries share one order.
+// (arch, device, n, k) replaces those entries too (a warning says so): a shape's entries share one
+// order.
 absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices);
 // The entries of the tuning file (empty when there is none).
 absl::StatusOr<std::vector<TunedChoice>> LoadTunedChoices();
@@ -43,13 +48,14 @@ const std::vector<TunedChoice>& BuiltinTunedTable();
 // All are block-major; `gemvz tune` runs them in the order the shape's weights are uploaded in.
 std::vector<KernelConfig> SweepSpace(const GemvShape& shape, WeightFormat format);
 
-// The device order a 12-bit [n, k] matrix gets on an `arch` GPU when its upload does not say
-// (UploadOptions, GEMVZ_WEIGHT_ORDER): if the tuning file has entries for (arch, z12, n, k), their
-// order (SaveTunedChoices keeps a shape's entries in one; block-major if a hand-edited file mixes
-// them); else group-major if the built-in table has group-major rows for the shape (it may hold
-// block-major rows for it too, for matrices uploaded so); else block-major, which the heuristic
-// was measured on.
-WeightOrder PreferredOrder(const std::string& arch, int64_t n, int64_t k);
+// The device order a 12-bit [n, k] matrix gets on an `arch` GPU named `device` when its upload
+// does not say (UploadOptions, GEMVZ_WEIGHT_ORDER): if the tuning file has entries for (arch,
+// device, z12, n, k), else for (arch, no device, z12, n, k), their order (SaveTunedChoices keeps a
+// shape's entries in one; block-major if a hand-edited file mixes them); else group-major if the
+// built-in table has group-major rows for the shape (it may hold block-major rows for it too, for
+// matrices uploaded so); else block-major, which the heuristic was measured on.
+WeightOrder PreferredOrder(const std::string& arch, int64_t n, int64_t k,
+                           const std::string& device = "");
 
 // The dispatcher's choice without a tuned entry.
 KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm_count = 132);

@@ -37,29 +37,36 @@ const BuiltinIndex& GetBuiltinIndex() {
   return *index;
 }
 
-// (arch, format, m, n, k)
-using ChoiceKey = std::tuple<std::string, int, int64_t, int64_t, int64_t>;
-// (arch, format, m, n, k, sm_count, order)
-using PlanKey = std::tuple<std::string, int, int64_t, int64_t, int64_t, int, int>;
+// (arch, device, format, m, n, k); device "" for entries that serve any GPU of the arch
+using ChoiceKey = std::tuple<std::string, std::string, int, int64_t, int64_t, int64_t>;
+// (arch, device, format, m, n, k, sm_count, order)
+using PlanKey = std::tuple<std::string, std::string, int, int64_t, int64_t, int64_t, int, int>;
 
 constexpr size_t kMaxPlans = 1 << 14;
+
+const std::string kAnyDevice;  // the device of entries that serve any GPU of their arch
 
 // The tuning file as read (once) and the plans answered so far, under one mutex.
 class Dispatcher {
  public:
   absl::StatusOr<GemvPlan> Choose(const GemvShape& launch, WeightFormat format,
-                                  const std::string& arch, int sm_count, WeightOrder order)
-      ABSL_LOCKS_EXCLUDED(mu_) {
+                                  const std::string& arch, const std::string& device,
+                                  int sm_count, WeightOrder order) ABSL_LOCKS_EXCLUDED(mu_) {
     if (format != WeightFormat::kZ12) order = WeightOrder::kBlockMajor;
     absl::MutexLock lock(&mu_);
-    const PlanKey plan_key{arch,     static_cast<int>(format), launch.m, launch.n, launch.k,
-                           sm_count, static_cast<int>(order)};
+    const PlanKey plan_key{arch,     device,   static_cast<int>(format), launch.m, launch.n,
+                           launch.k, sm_count, static_cast<int>(order)};
     if (const auto it = plans_.find(plan_key); it != plans_.end()) return it->second;
     if (!loaded_) LoadLocked();
 
     GemvPlan plan;
-    const auto tuned =
-        entries_.find(ChoiceKey{arch, static_cast<int>(format), launch.m, launch.n, launch.k});
+    // This GPU's own entry, else one that serves any GPU of the arch.
+    auto tuned = entries_.find(
+        ChoiceKey{arch, device, static_cast<int>(format), launch.m, launch.n, launch.k});
+    if (tuned == entries_.end() && !device.empty()) {
+      tuned = entries_.find(
+          ChoiceKey{arch, "", static_cast<int>(format), launch.m, launch.n, launch.k});
+    }
     if (tuned != entries_.end() && tuned->second.order == order) {
       plan.config = tuned->second;
       plan.source = "tuning-file";
@@ -77,22 +84,27 @@ class Dispatcher {
     return plan;
   }
 
-  // The order of the tuning file's (arch, z12, *, n, k) entries: nullopt when it has none.
-  std::optional<WeightOrder> FileOrder(const std::string& arch, int64_t n, int64_t k)
-      ABSL_LOCKS_EXCLUDED(mu_) {
+  // The order of the tuning file's (arch, device, z12, *, n, k) entries, else of its (arch, no
+  // device, z12, *, n, k) ones: nullopt when it has neither.
+  std::optional<WeightOrder> FileOrder(const std::string& arch, const std::string& device,
+                                       int64_t n, int64_t k) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     if (!loaded_) LoadLocked();
-    bool any = false, all_group = true;  // group-major only if every entry is
-    for (const auto& [key, config] : entries_) {
-      if (std::get<0>(key) != arch || std::get<1>(key) != static_cast<int>(WeightFormat::kZ12) ||
-          std::get<3>(key) != n || std::get<4>(key) != k) {
-        continue;
+    for (const std::string* d : {&device, &kAnyDevice}) {
+      if (d == &device && device.empty()) continue;  // the second pass takes ""
+      bool any = false, all_group = true;  // group-major only if every entry is
+      for (const auto& [key, config] : entries_) {
+        if (std::get<0>(key) != arch || std::get<1>(key) != *d ||
+            std::get<2>(key) != static_cast<int>(WeightFormat::kZ12) || std::get<4>(key) != n ||
+            std::get<5>(key) != k) {
+          continue;
+        }
+        any = true;
+        all_group = all_group && config.order == WeightOrder::kGroupMajor;
       }
-      any = true;
-      all_group = all_group && config.order == WeightOrder::kGroupMajor;
+      if (any) return all_group ? WeightOrder::kGroupMajor : WeightOrder::kBlockMajor;
     }
-    if (!any) return std::nullopt;
-    return all_group ? WeightOrder::kGroupMajor : WeightOrder::kBlockMajor;
+    return std::nullopt;
   }
 
   absl::Status Reload() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -125,7 +137,7 @@ class Dispatcher {
       return;
     }
     for (const TunedChoice& c : *choices) {
-      entries_[ChoiceKey{c.arch, static_cast<int>(c.format), c.m, c.n, c.k}] = c.config;
+      entries_[ChoiceKey{c.arch, c.device, static_cast<int>(c.format), c.m, c.n, c.k}] = c.config;
     }
     GEMVZ_LOG_DEBUG("tuning file '%s': %d entries", TuningFilePath(),
                     static_cast<int>(entries_.size()));
@@ -192,10 +204,11 @@ std::optional<KernelConfig> LookupBuiltinTable(const GemvShape& shape, WeightFor
 }
 
 absl::StatusOr<GemvPlan> ChooseConfig(const GemvShape& shape, WeightFormat format,
-                                      const std::string& arch, int sm_count, WeightOrder order) {
+                                      const std::string& arch, int sm_count, WeightOrder order,
+                                      const std::string& device) {
   if (absl::Status st = CheckShape(shape); !st.ok()) return st;
   const GemvShape launch{LaunchRowsFor(shape.m), shape.n, shape.k};
-  return GetDispatcher().Choose(launch, format, arch, sm_count, order);
+  return GetDispatcher().Choose(launch, format, arch, device, sm_count, order);
 }
 
 absl::Status ReloadTuningFile() { return GetDispatcher().Reload(); }
@@ -204,8 +217,11 @@ absl::Status ReloadTuningFile() { return GetDispatcher().Reload(); }
 
 namespace gemvz {
 
-WeightOrder PreferredOrder(const std::string& arch, int64_t n, int64_t k) {
-  if (std::optional<WeightOrder> o = internal::GetDispatcher().FileOrder(arch, n, k)) return *o;
+WeightOrder PreferredOrder(const std::string& arch, int64_t n, int64_t k,
+                           const std::string& device) {
+  if (std::optional<WeightOrder> o = internal::GetDispatcher().FileOrder(arch, device, n, k)) {
+    return *o;
+  }
   const auto& index = internal::GetBuiltinIndex();
   const auto it = index.find(
       internal::ShapeKey{internal::TableArch(arch), static_cast<int>(WeightFormat::kZ12), n, k});

@@ -71,8 +71,9 @@ KernelConfig HeuristicConfigWithoutRowBlocks(const GemvShape& shape, WeightForma
 
 // The configuration for one launch of `shape` (shape.m is the rows per launch; m above 32 is
 // planned as its equal chunks, LaunchRowsFor), from, in order:
-//   1. the tuning file (source "tuning-file"): an exact (arch, format, m, n, k) entry whose
-//      configuration is valid for the shape; the file is read once per process and cached,
+//   1. the tuning file (source "tuning-file"): an exact (arch, format, m, n, k) entry measured on
+//      the GPU named `device`, else one that names no device (the GPU's name, DeviceInfo::name;
+//      "" takes only the latter); the file is read once per process and cached,
 //   2. the built-in table (source "tuned"): the exact entry, else the entry of the next larger m
 //      with the same (arch, format, n, k) when its NB still covers m; an arch-specific target
 //      (sm_90a) takes its base arch's rows (sm_90),
@@ -86,7 +87,8 @@ KernelConfig HeuristicConfigWithoutRowBlocks(const GemvShape& shape, WeightForma
 // (z12), and the heuristic's configuration gets it.
 absl::StatusOr<GemvPlan> ChooseConfig(const GemvShape& shape, WeightFormat format,
                                       const std::string& arch, int sm_count,
-                                      WeightOrder order = WeightOrder::kBlockMajor);
+                                      WeightOrder order = WeightOrder::kBlockMajor,
+                                      const std::string& device = "");
 
 // The entry of the built-in table that ChooseConfig's step 2 would use, if any.
 std::optional<KernelConfig> LookupBuiltinTable(const GemvShape& shape, WeightFormat format,

@@ -40,23 +40,26 @@ using Json = nlohmann::ordered_json;
 // rejects as invalid.
 // Version 5: the same; a config may carry the ".gm" field (group-major weights,
 // KernelConfig::order), which a gemvz that reads only versions 1 to 4 cannot parse.
+// Version 6: an entry may name the GPU it was measured on ("device"), which a gemvz that reads
+// only versions 1 to 5 would ignore, serving that GPU's winners on every GPU of the arch.
 // A file is written as the oldest version that holds all its entries, so that older gemvz keep
 // reading it while they can, and refuse it without overwriting it once they cannot. This gemvz
-// reads all five.
-constexpr int kTuningFileVersion = 5;
+// reads all six.
+constexpr int kTuningFileVersion = 6;
 constexpr int kOldestTuningFileVersion = 1;
 
 // The oldest version that holds `c`.
 int VersionFor(const TunedChoice& c) {
+  if (!c.device.empty()) return 6;
   if (c.config.order == WeightOrder::kGroupMajor) return 5;
   if (c.config.rb == 4) return 4;
   if (c.format == WeightFormat::kZ12 && !internal::EvenShares(c.k / 64, c.config)) return 3;
   return c.config.rb != 1 ? 2 : 1;
 }
 
-using ChoiceKey = std::tuple<std::string, int, int64_t, int64_t, int64_t>;
+using ChoiceKey = std::tuple<std::string, std::string, int, int64_t, int64_t, int64_t>;
 ChoiceKey KeyOf(const TunedChoice& c) {
-  return {c.arch, static_cast<int>(c.format), c.m, c.n, c.k};
+  return {c.arch, c.device, static_cast<int>(c.format), c.m, c.n, c.k};
 }
 
 std::string DirName(const std::string& path) {
@@ -92,8 +95,8 @@ absl::Status CheckChoice(const TunedChoice& c) {
 }
 
 std::string ChoiceName(const TunedChoice& c) {
-  return absl::StrCat(c.arch, " ", std::string(FormatName(c.format)), " ",
-                      GemvShape{c.m, c.n, c.k}.ToString());
+  return absl::StrCat(c.arch, c.device.empty() ? "" : absl::StrCat(" (", c.device, ")"), " ",
+                      std::string(FormatName(c.format)), " ", GemvShape{c.m, c.n, c.k}.ToString());
 }
 
 // Parse failures: DataLoss for a corrupt file, FailedPrecondition for a newer schema (which a save
@@ -151,6 +154,7 @@ absl::StatusOr<std::vector<TunedChoice>> ParseTuningJson(const std::string& text
     TunedChoice c;
     std::string format, config;
     RETURN_IF_ERROR(string_field("arch", &c.arch));
+    if (e.contains("device")) RETURN_IF_ERROR(string_field("device", &c.device));
     RETURN_IF_ERROR(string_field("format", &format));
     RETURN_IF_ERROR(int_field("m", &c.m));
     RETURN_IF_ERROR(int_field("n", &c.n));
@@ -180,13 +184,15 @@ std::string SerializeTuningJson(const std::vector<TunedChoice>& choices) {
   int version = kOldestTuningFileVersion;
   for (const TunedChoice& c : choices) {
     version = std::max(version, VersionFor(c));
-    entries.push_back(Json{{"arch", c.arch},
-                           {"format", std::string(FormatName(c.format))},
-                           {"m", c.m},
-                           {"n", c.n},
-                           {"k", c.k},
-                           {"config", c.config.ToString()},
-                           {"time_us", c.time_us}});
+    Json e{{"arch", c.arch}};
+    if (!c.device.empty()) e["device"] = c.device;
+    e["format"] = std::string(FormatName(c.format));
+    e["m"] = c.m;
+    e["n"] = c.n;
+    e["k"] = c.k;
+    e["config"] = c.config.ToString();
+    e["time_us"] = c.time_us;
+    entries.push_back(std::move(e));
   }
   const Json doc{{"version", version}, {"entries", std::move(entries)}};
   return doc.dump(2) + "\n";
@@ -306,7 +312,7 @@ absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices) {
     for (auto it = merged.begin(); it != merged.end();) {
       const TunedChoice& e = it->second;
       if (e.format == WeightFormat::kZ12 && c.format == WeightFormat::kZ12 && e.arch == c.arch &&
-          e.n == c.n && e.k == c.k && e.config.order != c.config.order) {
+          e.device == c.device && e.n == c.n && e.k == c.k && e.config.order != c.config.order) {
         it = merged.erase(it);
         ++dropped;
       } else {

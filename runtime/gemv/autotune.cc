@@ -205,6 +205,7 @@ GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInf
   }
   TunedChoice choice;
   choice.arch = info.arch;
+  choice.device = info.name;
   choice.format = s.format;
   choice.m = shape.m;
   choice.n = shape.n;

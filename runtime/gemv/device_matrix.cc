@@ -64,7 +64,8 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
 }
 
 absl::StatusOr<WeightOrder> ResolveOrder(const std::optional<WeightOrder>& requested,
-                                         const std::string& arch, int64_t rows, int64_t cols) {
+                                         const std::string& arch, int64_t rows, int64_t cols,
+                                         const std::string& device) {
   if (requested) return *requested;
   const std::optional<std::string> env = GetEnv("GEMVZ_WEIGHT_ORDER");
   if (env && *env == "block") return WeightOrder::kBlockMajor;
@@ -73,7 +74,7 @@ absl::StatusOr<WeightOrder> ResolveOrder(const std::optional<WeightOrder>& reque
     return absl::InvalidArgumentError(
         absl::StrCat("GEMVZ_WEIGHT_ORDER must be block, group or auto, not '", *env, "'"));
   }
-  return PreferredOrder(arch, rows, cols);
+  return PreferredOrder(arch, rows, cols, device);
 }
 
 namespace {
@@ -101,7 +102,7 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, in
   RETURN_IF_ERROR(ValidatePacked(packed));
   ASSIGN_OR_RETURN(auto info, internal::GetDeviceInfo(device));
   ASSIGN_OR_RETURN(const WeightOrder order,
-                   internal::ResolveOrder(options.order, info.arch, packed.rows, packed.cols));
+                   internal::ResolveOrder(options.order, info.arch, packed.rows, packed.cols, info.name));
   ASSIGN_OR_RETURN(auto ctx, internal::ScopedDeviceContext::Enter(device));
   auto s = std::make_shared<internal::DeviceMatrixState>();
   s->device = device;

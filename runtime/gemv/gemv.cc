@@ -208,7 +208,7 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
     if (c->format == s.format) return forced(InOrder(*c, s.order), "env");
   }
   ASSIGN_OR_RETURN(GemvPlan plan,
-                   ChooseConfig(shape, s.format, info.arch, info.limits.sm_count, s.order));
+                   ChooseConfig(shape, s.format, info.arch, info.limits.sm_count, s.order, info.name));
   if (plan.source == "heuristic" && allow_autotune && AutotuneEnabled()) {
     return Autotune(w, shape, info, plan);
   }

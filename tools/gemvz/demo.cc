@@ -84,7 +84,8 @@ struct KernelUse {
 // What the dispatcher will pick for each (shape, m), known without a GPU: GEMVZ_FORCE_CONFIG if
 // set (Gemv honours it), else the tuning file, the built-in table or the heuristic.
 absl::StatusOr<std::vector<KernelUse>> KernelsNeeded(const std::vector<MatrixShape>& shapes,
-                                                     const std::string& arch, int sm_count) {
+                                                     const std::string& arch, int sm_count,
+                                                     const std::string& device) {
   std::vector<KernelUse> uses;
   std::map<std::string, size_t> index;  // KernelName -> uses[]
   std::optional<KernelConfig> forced;
@@ -100,7 +101,7 @@ absl::StatusOr<std::vector<KernelUse>> KernelsNeeded(const std::vector<MatrixSha
   for (const MatrixShape& s : shapes) {
     // In the order the demo's upload will take (UploadOptions' rule), which Gemv gives a forced
     // configuration too.
-    ASSIGN_OR_RETURN(const WeightOrder order, internal::ResolveOrder(std::nullopt, arch, s.n, s.k));
+    ASSIGN_OR_RETURN(const WeightOrder order, internal::ResolveOrder(std::nullopt, arch, s.n, s.k, device));
     for (const int64_t m : kDemoMs) {
       GemvPlan plan;
       if (forced) {
@@ -108,7 +109,7 @@ absl::StatusOr<std::vector<KernelUse>> KernelsNeeded(const std::vector<MatrixSha
         plan.source = "env";
       } else {
         ASSIGN_OR_RETURN(plan, internal::ChooseConfig(GemvShape{m, s.n, s.k}, WeightFormat::kZ12,
-                                                      arch, sm_count, order));
+                                                      arch, sm_count, order, device));
       }
       const std::string name = plan.config.KernelName();
       auto [it, fresh] = index.emplace(name, uses.size());
@@ -179,11 +180,11 @@ bool PackAll(const std::vector<MatrixShape>& shapes, uint64_t seed, int threads)
 
 // Step 3: precompile, cold then warm.
 bool CompileAll(const std::vector<MatrixShape>& shapes, const std::string& arch, int sm_count,
-                int threads) {
+                const std::string& device, int threads) {
   std::printf("2. Kernels for %s: the dispatcher's choices for m = 1, 8, 16, compiled by NVRTC at "
               "run time\n\n",
               arch.c_str());
-  absl::StatusOr<std::vector<KernelUse>> uses = KernelsNeeded(shapes, arch, sm_count);
+  absl::StatusOr<std::vector<KernelUse>> uses = KernelsNeeded(shapes, arch, sm_count, device);
   if (!uses.ok()) {
     std::printf("FAILED to choose the kernels: %s\n\n", std::string(uses.status().message()).c_str());
     return false;
@@ -330,10 +331,14 @@ int RunDemo(const std::vector<std::string>& args) {
 
   const std::string no_gpu = NoGpuReason();
   int sm_count = DefaultDeviceLimits().sm_count;
+  std::string device_name;  // the tuning file's entries for this GPU, when there is one
   if (no_gpu.empty()) {
     absl::StatusOr<std::unique_ptr<GpuSession>> session =
         GpuSession::Open(absl::GetFlag(FLAGS_device));
-    if (session.ok()) sm_count = (*session)->info().limits.sm_count;
+    if (session.ok()) {
+      sm_count = (*session)->info().limits.sm_count;
+      device_name = (*session)->info().name;
+    }
   }
 
   std::printf("gemvz demo: %zu layer shape%s, BF16 weights N(0, 1/K), seed %llu\n\n",
@@ -341,7 +346,7 @@ int RunDemo(const std::vector<std::string>& args) {
   std::fflush(stdout);
   bool ok = PackAll(*shapes, seed, threads);
   std::fflush(stdout);
-  ok = CompileAll(*shapes, arch, sm_count, threads) && ok;
+  ok = CompileAll(*shapes, arch, sm_count, device_name, threads) && ok;
   std::fflush(stdout);
 
   if (!no_gpu.empty()) {

@@ -452,7 +452,8 @@ int RunTune(const std::vector<std::string>& args) {
     // (GEMVZ_WEIGHT_ORDER, else the dispatcher's PreferredOrder), and every 12-bit candidate runs
     // in that order: a kernel reads one order only.
     absl::StatusOr<WeightOrder> order =
-        internal::ResolveOrder(std::nullopt, run_arch, shape.n, shape.k);
+        internal::ResolveOrder(std::nullopt, run_arch, shape.n, shape.k,
+                               session ? session->info().name : std::string());
     if (!order.ok()) {
       std::fprintf(stderr, "gemvz tune: %s\n", std::string(order.status().message()).c_str());
       return 2;
@@ -610,6 +611,7 @@ int RunTune(const std::vector<std::string>& args) {
       }
       TunedChoice choice;
       choice.arch = session->info().arch;
+      choice.device = session->info().name;
       choice.format = c.format;
       choice.m = c.m;
       choice.n = c.shape.n;
