@@ -79,19 +79,49 @@ absl::StatusOr<WeightOrder> ResolveOrder(const std::optional<WeightOrder>& reque
 
 namespace {
 
+// The copies of one upload, on a stream of their own. A copy from pageable host memory returns
+// once its bytes are staged, before its DMA has landed (cuMemcpyHtoD's documented behaviour), and
+// a Gemv on the caller's non-blocking stream would not wait for the legacy stream it ran on: the
+// upload waits for its copies, and only for them, before it returns.
+class UploadStream {
+ public:
+  static absl::StatusOr<std::unique_ptr<UploadStream>> Create() {
+    auto u = std::unique_ptr<UploadStream>(new UploadStream());
+    CU_RETURN_IF_ERROR(cuStreamCreate(&u->stream_, CU_STREAM_NON_BLOCKING));
+    return u;
+  }
+  ~UploadStream() {
+    if (stream_ == nullptr) return;
+    const DriverApi* d = *Driver();
+    d->cuStreamSynchronize(stream_);  // nothing may still read a host buffer we are done with
+    d->cuStreamDestroy(stream_);
+  }
+  CUstream get() const { return stream_; }
+  absl::Status Finish() {
+    CU_RETURN_IF_ERROR(cuStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+ private:
+  UploadStream() = default;
+  CUstream stream_ = nullptr;
+};
+
 // Allocates and fills one device array; an empty array still gets a small allocation so every
 // pointer the kernel sees is valid.
-absl::StatusOr<CUdeviceptr> UploadArray(DeviceMatrixState& s, const void* data, size_t bytes) {
+absl::StatusOr<CUdeviceptr> UploadArray(DeviceMatrixState& s, const void* data, size_t bytes,
+                                        CUstream stream) {
   CUdeviceptr p = 0;
   CU_RETURN_IF_ERROR(cuMemAlloc(&p, std::max<size_t>(bytes, 256)));
   s.allocations.push_back(p);
-  if (bytes > 0) CU_RETURN_IF_ERROR(cuMemcpyHtoD(p, data, bytes));
+  if (bytes > 0) CU_RETURN_IF_ERROR(cuMemcpyHtoDAsync(p, data, bytes, stream));
   return p;
 }
 
 template <typename T>
-absl::StatusOr<CUdeviceptr> UploadVector(DeviceMatrixState& s, const std::vector<T>& v) {
-  return UploadArray(s, v.data(), v.size() * sizeof(T));
+absl::StatusOr<CUdeviceptr> UploadVector(DeviceMatrixState& s, const std::vector<T>& v,
+                                         CUstream stream) {
+  return UploadArray(s, v.data(), v.size() * sizeof(T), stream);
 }
 
 }  // namespace
@@ -105,6 +135,10 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, in
                    internal::ResolveOrder(options.order, info.arch, packed.rows, packed.cols, info.name));
   ASSIGN_OR_RETURN(auto ctx, internal::ScopedDeviceContext::Enter(device));
   auto s = std::make_shared<internal::DeviceMatrixState>();
+  // After `s`: on an early return its copies are waited for before its memory is freed.
+  ASSIGN_OR_RETURN(const std::unique_ptr<internal::UploadStream> copies,
+                   internal::UploadStream::Create());
+  const CUstream cs = copies->get();
   s->device = device;
   s->format = WeightFormat::kZ12;
   s->rows = packed.rows;
@@ -113,18 +147,21 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, in
   s->th = packed.th;
   s->order = order;
   if (order == WeightOrder::kGroupMajor) {
-    // Reordered on the host, into memory that nothing writes first (no zero fill).
+    // Reordered on the host, into memory that nothing writes first (no zero fill). A copy from
+    // pageable memory is staged before it returns, so the buffer may go at the end of the block.
     const std::unique_ptr<uint8_t[]> reordered(new uint8_t[packed.weights.size()]);
     internal::ToGroupMajor(packed.weights.data(), packed.rows, packed.cols, reordered.get());
-    ASSIGN_OR_RETURN(s->weights, internal::UploadArray(*s, reordered.get(), packed.weights.size()));
+    ASSIGN_OR_RETURN(s->weights,
+                     internal::UploadArray(*s, reordered.get(), packed.weights.size(), cs));
   } else {
-    ASSIGN_OR_RETURN(s->weights, internal::UploadVector(*s, packed.weights));
+    ASSIGN_OR_RETURN(s->weights, internal::UploadVector(*s, packed.weights, cs));
   }
-  ASSIGN_OR_RETURN(s->row_offsets, internal::UploadVector(*s, packed.row_offsets));
-  ASSIGN_OR_RETURN(s->entries, internal::UploadVector(*s, packed.entries));
-  ASSIGN_OR_RETURN(s->dense_block_offsets, internal::UploadVector(*s, packed.dense_block_offsets));
-  ASSIGN_OR_RETURN(s->dense_rows, internal::UploadVector(*s, packed.dense_rows));
-  ASSIGN_OR_RETURN(s->dense_values, internal::UploadVector(*s, packed.dense_values));
+  ASSIGN_OR_RETURN(s->row_offsets, internal::UploadVector(*s, packed.row_offsets, cs));
+  ASSIGN_OR_RETURN(s->entries, internal::UploadVector(*s, packed.entries, cs));
+  ASSIGN_OR_RETURN(s->dense_block_offsets,
+                   internal::UploadVector(*s, packed.dense_block_offsets, cs));
+  ASSIGN_OR_RETURN(s->dense_rows, internal::UploadVector(*s, packed.dense_rows, cs));
+  ASSIGN_OR_RETURN(s->dense_values, internal::UploadVector(*s, packed.dense_values, cs));
   // Each dense row gets a CTA of its own; it needs to know which row it computes.
   std::vector<int32_t> dense_global_rows;
   dense_global_rows.reserve(packed.dense_rows.size());
@@ -134,7 +171,8 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, in
     }
   }
   s->n_dense = static_cast<int64_t>(dense_global_rows.size());
-  ASSIGN_OR_RETURN(s->dense_global_rows, internal::UploadVector(*s, dense_global_rows));
+  ASSIGN_OR_RETURN(s->dense_global_rows, internal::UploadVector(*s, dense_global_rows, cs));
+  RETURN_IF_ERROR(copies->Finish());
   s->weight_bytes = packed.stats.total_bytes;
   return internal::DeviceMatrixState::Wrap(std::move(s));
 }
@@ -158,14 +196,16 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::UploadPlain(const uint16_t* host, int
   s->cols64 = (cols + 63) / 64 * 64;
   s->ldw = s->cols64;
   const size_t bytes = static_cast<size_t>(s->rows16 * s->ldw * 2);
+  ASSIGN_OR_RETURN(const std::unique_ptr<internal::UploadStream> copies,
+                   internal::UploadStream::Create());
   CUdeviceptr p = 0;
   CU_RETURN_IF_ERROR(cuMemAlloc(&p, bytes));
   s->allocations.push_back(p);
   s->plain = p;
   if (s->ldw == cols && s->rows16 == rows) {
-    CU_RETURN_IF_ERROR(cuMemcpyHtoD(p, host, bytes));
+    CU_RETURN_IF_ERROR(cuMemcpyHtoDAsync(p, host, bytes, copies->get()));
   } else {
-    CU_RETURN_IF_ERROR(cuMemsetD8(p, 0, bytes));
+    CU_RETURN_IF_ERROR(cuMemsetD8Async(p, 0, bytes, copies->get()));
     CUDA_MEMCPY2D c;
     std::memset(&c, 0, sizeof(c));
     c.srcMemoryType = CU_MEMORYTYPE_HOST;
@@ -176,9 +216,9 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::UploadPlain(const uint16_t* host, int
     c.dstPitch = static_cast<size_t>(s->ldw) * 2;
     c.WidthInBytes = static_cast<size_t>(cols) * 2;
     c.Height = static_cast<size_t>(rows);
-    CU_RETURN_IF_ERROR(cuMemcpy2DAsync(&c, nullptr));
-    CU_RETURN_IF_ERROR(cuCtxSynchronize());
+    CU_RETURN_IF_ERROR(cuMemcpy2DAsync(&c, copies->get()));
   }
+  RETURN_IF_ERROR(copies->Finish());
   s->weight_bytes = rows * cols * 2;
   return internal::DeviceMatrixState::Wrap(std::move(s));
 }

@@ -407,6 +407,7 @@ absl::Status BandwidthProbe::CheckForms(CUstream stream) const {
   }
   ASSIGN_OR_RETURN(DeviceBuffer src, DeviceBuffer::Allocate(kBytes));
   CU_RETURN_IF_ERROR(cuMemcpyHtoD(src.ptr(), words.data(), kBytes));
+  RETURN_IF_ERROR(UploadsDone());  // else a form may read the buffer before its last bytes land
   for (int kernel = 0; kernel < kernel_count(); ++kernel) {
     std::vector<uint32_t> sink(kernels_[kernel].blocks);
     RETURN_IF_ERROR(Launch(kernel, src.ptr(), kBytes, stream));
