@@ -806,7 +806,8 @@ TEST(Gemv, AutotuneSkipsFailingCandidatesAndRemembersAFailure) {
 
 // Another thread captures a graph of its own stream in the default (global) mode while this one
 // makes first uses: a kernel never loaded, a split-K configuration's first workspace, and an
-// autotune; and releases a stream's workspace. None of them may fail, nor break that capture.
+// autotune; releases a stream's workspace; uploads weights and frees a matrix. None of them may
+// fail, nor break that capture.
 TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   GEMVZ_REQUIRE_GPU();
   const auto& api = **internal::Driver();
@@ -855,6 +856,8 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
     u.out = std::make_unique<DeviceBuffer>(m * n * 2);
     u.out->Fill16(kPoison);
   }
+  // Weights uploaded inside the window (packed and plain), generated outside it.
+  const std::vector<uint16_t> upload_w = MixedWeights(256, 512, seed + 3);
   // A stream whose split-K workspace is released inside the window.
   CUstream released;
   ASSERT_EQ(api.cuStreamCreate(&released, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
@@ -881,11 +884,21 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   }
   const absl::Status release = ReleaseGemvWorkspace(released);
   absl::StatusOr<GemvPlan> plan = PlanGemv(tuned.dm, m);
+  absl::StatusOr<DeviceMatrix> uploaded = DeviceMatrix::FromBf16(upload_w.data(), 256, 512, 0);
+  absl::StatusOr<DeviceMatrix> uploaded_plain = DeviceMatrix::UploadPlain(upload_w.data(), 256, 512);
+  const bool dropped = DeviceMatrix::FromBf16(upload_w.data(), 256, 512, 0).ok();  // freed here
   uses_done.Notify();
   capturer.join();
   EXPECT_EQ(begin, CUDA_SUCCESS);
   EXPECT_TRUE(release.ok()) << release;
   api.cuStreamDestroy(released);
+  EXPECT_TRUE(dropped);
+  ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+  ASSERT_TRUE(uploaded_plain.ok()) << uploaded_plain.status();
+  const Problem up{256, 512, upload_w, *uploaded};
+  EXPECT_EQ(up.Check(5, {}, seed + 4), "") << "weights uploaded beside the capture";
+  const Problem up_plain{256, 512, upload_w, *uploaded_plain};
+  EXPECT_EQ(up_plain.Check(5, {}, seed + 5), "") << "plain weights uploaded beside the capture";
   std::vector<double> ref, abs_sum;
   testing::ReferenceGemv(tuned.w, x, m, n, k, &ref, &abs_sum);
   for (Use& u : uses) {

@@ -21,6 +21,7 @@ DeviceMatrixState::~DeviceMatrixState() {
   if (!d.ok() || allocations.empty()) return;
   auto ctx = ScopedDeviceContext::Enter(device);
   if (!ctx.ok()) return;
+  const RelaxedCaptureMode relaxed;  // frees beside another thread's capture
   for (CUdeviceptr p : allocations) (*d)->cuMemFree(p);
 }
 
@@ -134,6 +135,9 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, in
   ASSIGN_OR_RETURN(const WeightOrder order,
                    internal::ResolveOrder(options.order, info.arch, packed.rows, packed.cols, info.name));
   ASSIGN_OR_RETURN(auto ctx, internal::ScopedDeviceContext::Enter(device));
+  // Its allocations, copies and wait touch only its own stream: allowed beside another thread's
+  // capture.
+  const internal::RelaxedCaptureMode relaxed;
   auto s = std::make_shared<internal::DeviceMatrixState>();
   // After `s`: on an early return its copies are waited for before its memory is freed.
   ASSIGN_OR_RETURN(const std::unique_ptr<internal::UploadStream> copies,
@@ -187,6 +191,9 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::UploadPlain(const uint16_t* host, int
   ASSIGN_OR_RETURN(auto info, internal::GetDeviceInfo(device));
   (void)info;
   ASSIGN_OR_RETURN(auto ctx, internal::ScopedDeviceContext::Enter(device));
+  // Its allocations, copies and wait touch only its own stream: allowed beside another thread's
+  // capture.
+  const internal::RelaxedCaptureMode relaxed;
   auto s = std::make_shared<internal::DeviceMatrixState>();
   s->device = device;
   s->format = WeightFormat::kBf16;
