@@ -62,13 +62,6 @@ ChoiceKey KeyOf(const TunedChoice& c) {
   return {c.arch, c.device, static_cast<int>(c.format), c.m, c.n, c.k};
 }
 
-std::string DirName(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 // What a tuned choice must satisfy, in the file and on the way in: a valid launch of its shape.
 absl::Status CheckChoice(const TunedChoice& c) {
   if (c.arch.empty()) return absl::InvalidArgumentError("arch is empty");
@@ -280,7 +273,7 @@ absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices) {
         "no tuning file: the disk cache is disabled (GEMVZ_DISABLE_DISK_CACHE) and "
         "GEMVZ_TUNING_FILE is not set");
   }
-  RETURN_IF_ERROR(internal::CreateDirectories(DirName(path)));
+  RETURN_IF_ERROR(internal::CreateDirectories(internal::DirName(path)));
 
   // Threads of this process queue here rather than each opening the lock file.
   static absl::Mutex* const save_mu = new absl::Mutex();
