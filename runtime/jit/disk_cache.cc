@@ -140,9 +140,6 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
 // Removes `path`; a file that is already gone (another process pruned it) is not an error.
 bool RemoveFile(const std::string& path) { return ::unlink(path.c_str()) == 0 || errno == ENOENT; }
 
-// Removes a lock file unless a process holds it. The unlink happens under the lock, and LockKey
-// checks after locking that its file is still the one at the path, so no two processes ever
-// hold one key's lock.
 // Opens (with O_CREAT: creates) a lock file for flock: for writing where it can, since an NFS
 // client emulates flock with fcntl locks, which need it for an exclusive lock; read-only where
 // it cannot (a lock file another user made, mode 0644), which locally still locks.
@@ -152,6 +149,9 @@ int OpenLockFile(const std::string& path, int create) {
   return ::open(path.c_str(), O_RDONLY | O_CLOEXEC | create, 0644);
 }
 
+// Removes a lock file unless a process holds it. The unlink happens under the lock, and LockKey
+// checks after locking that its file is still the one at the path, so no two processes ever
+// hold one key's lock.
 void RemoveUnheldLock(const std::string& path) {
   const int fd = OpenLockFile(path, 0);
   if (fd < 0) return;
