@@ -65,7 +65,7 @@ class Dispatcher {
         ChoiceKey{arch, device, static_cast<int>(format), launch.m, launch.n, launch.k});
     if (tuned == entries_.end() && !device.empty()) {
       tuned = entries_.find(
-          ChoiceKey{arch, "", static_cast<int>(format), launch.m, launch.n, launch.k});
+          ChoiceKey{arch, kAnyDevice, static_cast<int>(format), launch.m, launch.n, launch.k});
     }
     if (tuned != entries_.end() && tuned->second.order == order) {
       plan.config = tuned->second;
@@ -90,21 +90,10 @@ class Dispatcher {
                                        int64_t n, int64_t k) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     if (!loaded_) LoadLocked();
-    for (const std::string* d : {&device, &kAnyDevice}) {
-      if (d == &device && device.empty()) continue;  // the second pass takes ""
-      bool any = false, all_group = true;  // group-major only if every entry is
-      for (const auto& [key, config] : entries_) {
-        if (std::get<0>(key) != arch || std::get<1>(key) != *d ||
-            std::get<2>(key) != static_cast<int>(WeightFormat::kZ12) || std::get<4>(key) != n ||
-            std::get<5>(key) != k) {
-          continue;
-        }
-        any = true;
-        all_group = all_group && config.order == WeightOrder::kGroupMajor;
-      }
-      if (any) return all_group ? WeightOrder::kGroupMajor : WeightOrder::kBlockMajor;
+    if (!device.empty()) {
+      if (std::optional<WeightOrder> own = FileOrderLocked(arch, device, n, k)) return own;
     }
-    return std::nullopt;
+    return FileOrderLocked(arch, kAnyDevice, n, k);
   }
 
   absl::Status Reload() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -126,6 +115,24 @@ class Dispatcher {
   }
 
  private:
+  // The order of the (arch, device, z12, *, n, k) entries exactly: nullopt when there are none.
+  std::optional<WeightOrder> FileOrderLocked(const std::string& arch, const std::string& device,
+                                             int64_t n, int64_t k)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool any = false, all_group = true;  // group-major only if every entry is
+    for (const auto& [key, config] : entries_) {
+      if (std::get<0>(key) != arch || std::get<1>(key) != device ||
+          std::get<2>(key) != static_cast<int>(WeightFormat::kZ12) || std::get<4>(key) != n ||
+          std::get<5>(key) != k) {
+        continue;
+      }
+      any = true;
+      all_group = all_group && config.order == WeightOrder::kGroupMajor;
+    }
+    if (!any) return std::nullopt;
+    return all_group ? WeightOrder::kGroupMajor : WeightOrder::kBlockMajor;
+  }
+
   void LoadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     loaded_ = true;
     entries_.clear();
