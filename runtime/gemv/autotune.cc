@@ -74,7 +74,8 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
   const DeviceMatrixState& s = *w.state();
   std::vector<KernelConfig> space = SweepSpace(shape, s.format);
   for (KernelConfig& c : space) c = InOrder(c, s.order);  // the matrix's order
-  const size_t cap = static_cast<size_t>(std::max<int64_t>(1, GetEnvInt64("GEMVZ_AUTOTUNE_MAX", 24)));
+  const size_t cap =
+      static_cast<size_t>(std::max<int64_t>(1, GetEnvInt64("GEMVZ_AUTOTUNE_MAX", 24)));
   std::vector<KernelConfig> candidates;
   if (space.size() <= cap) {
     candidates = space;
@@ -86,13 +87,23 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
   if (std::find(candidates.begin(), candidates.end(), heuristic) == candidates.end()) {
     candidates.push_back(heuristic);
   }
-  GEMVZ_LOG_INFO("autotune %s %s: %d candidates", std::string(FormatName(s.format)), shape.ToString(),
-                 static_cast<int>(candidates.size()));
   const int candidates_total = static_cast<int>(candidates.size());
-  // Compile in parallel first, so timing does not wait on NVRTC one by one; a candidate that
-  // does not compile is skipped like one that does not run.
+  GEMVZ_LOG_INFO("autotune %s %s: %d candidates", std::string(FormatName(s.format)), shape.ToString(),
+                 candidates_total);
+  // A candidate that does not compile is skipped like one that does not run.
   absl::Status first_failure;
   int failed = 0;
+  auto skip = [&](const KernelConfig& c, const absl::Status& why) {
+    ++failed;
+    if (first_failure.ok()) first_failure = why;
+    GEMVZ_LOG_INFO("autotune %s: skipped: %s", c.ToString(), why.ToString());
+  };
+  auto none_left = [&](const char* what) {
+    return absl::Status(first_failure.code(),
+                        absl::StrCat("none of ", candidates_total, " candidates ", what,
+                                     "; the first failure: ", first_failure.message()));
+  };
+  // Compile in parallel first, so timing does not wait on NVRTC one by one.
   {
     std::vector<absl::StatusOr<PrecompileResult>> compiled =
         PrecompileEach(candidates, info.arch, 0, /*stop_on_error=*/false);
@@ -105,21 +116,13 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
       }
       if (compiled[i].ok()) {
         built.push_back(candidates[i]);
-        continue;
+      } else {
+        skip(candidates[i], compiled[i].status());
       }
-      ++failed;
-      if (first_failure.ok()) first_failure = compiled[i].status();
-      GEMVZ_LOG_INFO("autotune %s: skipped: %s", candidates[i].ToString(),
-                     compiled[i].status().ToString());
     }
     candidates = std::move(built);
   }
-  if (candidates.empty()) {
-    return absl::Status(first_failure.code(),
-                        absl::StrCat("none of ", candidates_total,
-                                     " candidates compiled; the first failure: ",
-                                     first_failure.message()));
-  }
+  if (candidates.empty()) return none_left("compiled");
 
   ASSIGN_OR_RETURN(auto scope, ScopedDeviceContext::Enter(s.device));
   ASSIGN_OR_RETURN(const DriverApi* const d, Driver());
@@ -138,7 +141,8 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
     d->cuStreamDestroy(stream);
   };
   // x = 1.0 everywhere, ordered before the launches on the tuning stream.
-  CU_RETURN_IF_ERROR(cuMemsetD16Async(x.p, 0x3F80, static_cast<size_t>(shape.m * shape.k), stream));
+  CU_RETURN_IF_ERROR(
+      cuMemsetD16Async(x.p, 0x3F80, static_cast<size_t>(shape.m * shape.k), stream));
   CUevent start = nullptr, stop = nullptr;
   absl::Cleanup destroy_events = [&] {
     if (start != nullptr) d->cuEventDestroy(start);
@@ -152,9 +156,7 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
   for (const KernelConfig& c : candidates) {
     absl::StatusOr<float> ms = TimeCandidate(w, shape, c, x.p, out.p, stream, start, stop);
     if (!ms.ok()) {
-      ++failed;
-      if (first_failure.ok()) first_failure = ms.status();
-      GEMVZ_LOG_INFO("autotune %s: skipped: %s", c.ToString(), ms.status().ToString());
+      skip(c, ms.status());
       // A failed launch may leave work queued, or the context broken (then nothing can run).
       CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));
       continue;
@@ -165,11 +167,7 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
       best = GemvPlan{c, "autotuned", std::min<int64_t>(shape.m, c.tokens_per_launch())};
     }
   }
-  if (!best) {
-    return absl::Status(first_failure.code(),
-                        absl::StrCat("none of ", candidates_total,
-                                     " candidates ran; the first failure: ", first_failure.message()));
-  }
+  if (!best) return none_left("ran");
   if (failed > 0) {
     GEMVZ_LOG_WARNING("autotune %s: %d of %d candidates failed and were skipped (the first: %s)",
                       shape.ToString(), failed, candidates_total, first_failure.ToString());
