@@ -22,7 +22,8 @@
 namespace gemvz::internal {
 namespace {
 
-using TuneKey = std::tuple<std::string, int, int64_t, int64_t, int64_t, int>;  // + order
+// (arch, device name, format, m, n, k, order): the tuning file's key, and the matrix's order.
+using TuneKey = std::tuple<std::string, std::string, int, int64_t, int64_t, int64_t, int>;
 
 absl::Mutex tune_mu(absl::kConstInit);
 absl::flat_hash_map<TuneKey, GemvPlan>& Tuned() {
@@ -187,8 +188,8 @@ void SetAutotuneCandidateHookForTesting(AutotuneHook hook) {
 GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& info,
                   const GemvPlan& fallback) {
   const DeviceMatrixState& s = *w.state();
-  const TuneKey key{info.arch, static_cast<int>(s.format), shape.m, shape.n,
-                    shape.k,   static_cast<int>(s.order)};
+  const TuneKey key{info.arch, info.name, static_cast<int>(s.format), shape.m,
+                    shape.n,   shape.k,   static_cast<int>(s.order)};
   absl::MutexLock lock(&tune_mu);  // one tuning at a time; the others wait for its answer
   if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
   float best_ms = 0;
