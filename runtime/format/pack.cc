@@ -329,9 +329,10 @@ absl::StatusOr<PackedMatrix> Pack(const uint16_t* w, int64_t rows, int64_t cols,
   return p;
 }
 
-absl::Status Unpack(const PackedMatrix& p, uint16_t* out) {
-  if (out == nullptr) return absl::InvalidArgumentError("Unpack: the output pointer is null");
-  RETURN_IF_ERROR(ValidatePacked(p));
+namespace {
+
+// Unpack of a matrix ValidatePacked has accepted.
+void UnpackValidated(const PackedMatrix& p, uint16_t* out) {
   const int64_t cols = p.cols, nblocks = p.rows / kRowBlock, ngroups = cols / kColGroup;
   const auto& slots = GroupSlots();
   const int threads = ThreadCount(0, nblocks);
@@ -375,6 +376,14 @@ absl::Status Unpack(const PackedMatrix& p, uint16_t* out) {
       }
     }
   });
+}
+
+}  // namespace
+
+absl::Status Unpack(const PackedMatrix& p, uint16_t* out) {
+  if (out == nullptr) return absl::InvalidArgumentError("Unpack: the output pointer is null");
+  RETURN_IF_ERROR(ValidatePacked(p));
+  UnpackValidated(p, out);
   return absl::OkStatus();
 }
 
@@ -382,7 +391,7 @@ absl::StatusOr<std::vector<uint16_t>> Unpack(const PackedMatrix& p) {
   // Validated before the buffer is sized from rows * cols: a negative or huge shape would throw.
   RETURN_IF_ERROR(ValidatePacked(p));
   std::vector<uint16_t> out(static_cast<size_t>(p.rows * p.cols));
-  RETURN_IF_ERROR(Unpack(p, out.data()));
+  UnpackValidated(p, out.data());
   return out;
 }
 
