@@ -45,10 +45,11 @@ constexpr char kPackUsage[] =
     "Inputs are memory-mapped and processed one tensor at a time. Outputs are written under\n"
     "temporary names, fsynced, and renamed into place only once all of them are complete (and\n"
     "verified with --verify), all or none: a failure leaves the output directory as it was (files\n"
-    "it would have replaced included; a directory it created stays, empty) and no temporary\n"
-    "file. So does Ctrl-C, SIGTERM or SIGHUP before the publish; one during it waits for the new\n"
-    "files to be in place. Either way the run ends with the signal's exit status and writes no\n"
-    "report. An output name taken by a directory fails the run before any work.\n"
+    "it would have replaced included; directories it created are removed) and no temporary\n"
+    "file. So does Ctrl-C, SIGTERM or SIGHUP before the publish, except that directories it\n"
+    "created stay, empty; one during the publish waits for the new files to be in place. Either\n"
+    "way the run ends with the signal's exit status and writes no report. An output name taken\n"
+    "by a directory fails the run before any work.\n"
     "\n"
     "flags:\n"
     "  -o, --o=DIR         output directory (required)\n"
@@ -223,7 +224,8 @@ int RunPack(const std::vector<std::string>& args) {
     return p;
   };
   struct stat out_info;
-  const bool into_new_out = !json_path.empty() && plain(internal::DirName(json_path)) == plain(out) &&
+  const bool into_new_out = !json_path.empty() &&
+                            plain(internal::DirName(json_path)) == plain(out) &&
                             ::stat(out.c_str(), &out_info) != 0;
   if (absl::Status st = CheckOutputFile("json", into_new_out ? "" : json_path); !st.ok()) {
     std::fprintf(stderr, "gemvz pack: %s\n", std::string(st.message()).c_str());
