@@ -734,15 +734,12 @@ absl::Status PlotSpeedups(const std::vector<BenchCase>& cases, const std::string
   const std::string script_path = dir + "/speedups.gp";
   const std::string log_path = dir + "/gnuplot.log";
   const std::string scratch_png = dir + "/speedups.png";
+  const std::string* const scratch_files[] = {&data_path, &script_path, &log_path, &scratch_png};
   internal::TempFileRegistration dir_registration(dir);
   std::vector<internal::TempFileRegistration> file_registrations;
-  for (const std::string* p : {&data_path, &script_path, &log_path, &scratch_png}) {
-    file_registrations.emplace_back(*p);
-  }
+  for (const std::string* p : scratch_files) file_registrations.emplace_back(*p);
   absl::Cleanup remove_scratch = [&] {
-    for (const std::string* p : {&data_path, &script_path, &log_path, &scratch_png}) {
-      std::remove(p->c_str());
-    }
+    for (const std::string* p : scratch_files) std::remove(p->c_str());
     rmdir(dir.c_str());
   };
   {
