@@ -101,7 +101,8 @@ absl::StatusOr<std::vector<KernelUse>> KernelsNeeded(const std::vector<MatrixSha
   for (const MatrixShape& s : shapes) {
     // In the order the demo's upload will take (UploadOptions' rule), which Gemv gives a forced
     // configuration too.
-    ASSIGN_OR_RETURN(const WeightOrder order, internal::ResolveOrder(std::nullopt, arch, s.n, s.k, device));
+    ASSIGN_OR_RETURN(const WeightOrder order,
+                     internal::ResolveOrder(std::nullopt, arch, s.n, s.k, device));
     for (const int64_t m : kDemoMs) {
       GemvPlan plan;
       if (forced) {
@@ -315,12 +316,7 @@ int RunDemo(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  const absl::StatusOr<int> threads_or = ThreadsFromFlag();
-  if (!threads_or.ok()) {
-    std::fprintf(stderr, "gemvz demo: %s\n", std::string(threads_or.status().message()).c_str());
-    return 2;
-  }
-  const int threads = *threads_or;
+  const int threads = workload->threads;  // --j, checked by WorkloadFromFlags
 
   absl::StatusOr<std::string> arch_or = ArchFromFlag(absl::GetFlag(FLAGS_device));
   if (!arch_or.ok()) {

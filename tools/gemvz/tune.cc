@@ -514,12 +514,7 @@ int RunTune(const std::vector<std::string>& args) {
     return 2;
   }
 
-  const absl::StatusOr<int> threads_or = ThreadsFromFlag();
-  if (!threads_or.ok()) {
-    std::fprintf(stderr, "gemvz tune: %s\n", std::string(threads_or.status().message()).c_str());
-    return 2;
-  }
-  const int threads = *threads_or;
+  const int threads = workload->threads;  // --j, checked by WorkloadFromFlags
   // With a GPU whose architecture differs from --arch, both are compiled; the statistics shown
   // are those of the GPU's, which is what gets timed.
   if (session && arch != session->info().arch) CompileCandidates(&cases, arch, threads);
