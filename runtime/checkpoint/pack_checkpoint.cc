@@ -283,7 +283,8 @@ absl::Status Driver::ClaimOutputNames(const SafetensorsFile& in) {
       if (auto [it, ok] = output_names_.emplace(n, in.path()); !ok) {
         return absl::InvalidArgumentError(absl::StrCat(
             "'", in.path(), "': output tensor name '", n, "' would be used twice",
-            it->second == in.path() ? "" : absl::StrCat(" (also in the output of '", it->second, "')"),
+            it->second == in.path() ? ""
+                                    : absl::StrCat(" (also in the output of '", it->second, "')"),
             " (a packed tensor's part collides with another tensor)"));
       }
     }

@@ -76,7 +76,8 @@ bool TensorBytes(uint64_t elem, const std::vector<int64_t>& shape, uint64_t* byt
 
 int64_t SafetensorsEntry::numel() const {
   uint64_t n = 0;
-  if (!TensorBytes(1, shape, &n) || n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+  if (!TensorBytes(1, shape, &n) ||
+      n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
     return -1;
   }
   return static_cast<int64_t>(n);

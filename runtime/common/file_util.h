@@ -52,7 +52,8 @@ std::string SiblingPath(const std::string& path, std::string_view kind, std::str
 
 // mkdir -p. With `created`, appends the directories it made, outermost first (so that a caller
 // that fails later can take them back: RemoveCreatedDirectories).
-absl::Status CreateDirectories(const std::string& path, std::vector<std::string>* created = nullptr);
+absl::Status CreateDirectories(const std::string& path,
+                               std::vector<std::string>* created = nullptr);
 
 // Removes `created` (from CreateDirectories), innermost first, each only if it is empty.
 void RemoveCreatedDirectories(const std::vector<std::string>& created);

@@ -14,10 +14,10 @@ namespace gemvz::internal {
 inline constexpr int kMaxTempFiles = 128;
 inline constexpr size_t kMaxTempPathBytes = 4096;  // PATH_MAX on Linux, the NUL included
 
-// Registers `path` as a temporary file (or directory) of this process from construction until Release() or
-// destruction. Register before the file is created, so that no signal finds it unregistered; the
-// names are unique to the process (pid and counter), so removing one that does not exist yet, or
-// any more, is harmless.
+// Registers `path` as a temporary file (or directory) of this process from construction until
+// Release() or destruction. Register before the file is created, so that no signal finds it
+// unregistered; the names are unique to the process (pid and counter), so removing one that does
+// not exist yet, or any more, is harmless.
 class TempFileRegistration {
  public:
   TempFileRegistration() = default;

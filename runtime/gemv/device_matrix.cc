@@ -132,8 +132,9 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, in
                                                   const UploadOptions& options) {
   RETURN_IF_ERROR(ValidatePacked(packed));
   ASSIGN_OR_RETURN(auto info, internal::GetDeviceInfo(device));
-  ASSIGN_OR_RETURN(const WeightOrder order,
-                   internal::ResolveOrder(options.order, info.arch, packed.rows, packed.cols, info.name));
+  ASSIGN_OR_RETURN(
+      const WeightOrder order,
+      internal::ResolveOrder(options.order, info.arch, packed.rows, packed.cols, info.name));
   ASSIGN_OR_RETURN(auto ctx, internal::ScopedDeviceContext::Enter(device));
   // Its allocations, copies and wait touch only its own stream: allowed beside another thread's
   // capture.

@@ -50,8 +50,8 @@ struct DeviceInfo {
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int device);
 
 // UploadOptions::order's rule: `requested` if set, else GEMVZ_WEIGHT_ORDER (block or group; auto
-// or unset defers to the next rule), else PreferredOrder(arch, rows, cols, device). An error names a bad
-// GEMVZ_WEIGHT_ORDER.
+// or unset defers to the next rule), else PreferredOrder(arch, rows, cols, device). An error
+// names a bad GEMVZ_WEIGHT_ORDER.
 absl::StatusOr<WeightOrder> ResolveOrder(const std::optional<WeightOrder>& requested,
                                          const std::string& arch, int64_t rows, int64_t cols,
                                          const std::string& device = "");

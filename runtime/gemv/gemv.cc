@@ -207,8 +207,8 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
     // API-forced configuration is one call's, and must match).
     if (c->format == s.format) return forced(InOrder(*c, s.order), "env");
   }
-  ASSIGN_OR_RETURN(GemvPlan plan,
-                   ChooseConfig(shape, s.format, info.arch, info.limits.sm_count, s.order, info.name));
+  ASSIGN_OR_RETURN(GemvPlan plan, ChooseConfig(shape, s.format, info.arch, info.limits.sm_count,
+                                               s.order, info.name));
   if (plan.source == "heuristic" && allow_autotune && AutotuneEnabled()) {
     return Autotune(w, shape, info, plan);
   }

@@ -179,7 +179,8 @@ std::string NvrtcLibraryIdentity() {
         [](dl_phdr_info* info, size_t, void* out) {
           const std::string_view name = info->dlpi_name == nullptr ? "" : info->dlpi_name;
           const size_t slash = name.rfind('/');
-          const std::string_view base = slash == std::string_view::npos ? name : name.substr(slash + 1);
+          const std::string_view base =
+              slash == std::string_view::npos ? name : name.substr(slash + 1);
           if (base.rfind("libnvrtc.so", 0) != 0) return 0;
           *static_cast<std::string*>(out) = std::string(name);
           return 1;

@@ -134,9 +134,9 @@ int RunBench(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  for (const absl::Status& st : {ZeroRowsFromFlag(sequence->empty() ? *shapes : *sequence, &*workload),
-                                 CheckOutputFile("json", json_path),
-                                 CheckOutputFile("plot", plot_path)}) {
+  for (const absl::Status& st :
+       {ZeroRowsFromFlag(sequence->empty() ? *shapes : *sequence, &*workload),
+        CheckOutputFile("json", json_path), CheckOutputFile("plot", plot_path)}) {
     if (!st.ok()) {
       std::fprintf(stderr, "gemvz bench: %s\n", std::string(st.message()).c_str());
       return 2;

@@ -75,7 +75,8 @@ int ParseArgs(const Command& command, int argc, char** argv, std::vector<std::st
     }
     const size_t dashes = arg[1] == '-' ? 2 : 1;
     const size_t eq = arg.find('=');
-    std::string name = arg.substr(dashes, eq == std::string::npos ? std::string::npos : eq - dashes);
+    std::string name =
+        arg.substr(dashes, eq == std::string::npos ? std::string::npos : eq - dashes);
     std::replace(name.begin(), name.end(), '-', '_');
     std::optional<std::string> value;
     if (eq != std::string::npos) value = arg.substr(eq + 1);
