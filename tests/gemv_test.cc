@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gemvz/dispatch.h"
 #include "gemvz/runtime.h"
@@ -74,22 +75,34 @@ struct Problem {
   }
 
   // Runs Gemv with m rows of fresh x on `stream` (nullptr: the legacy default stream) and
-  // compares to the reference; returns the error text.
+  // compares to the reference; returns the error text. The output is followed by a poisoned
+  // guard of one more token row and 64 values, which must stay untouched: a store past token
+  // m - 1 or past row n - 1 lands there (at m = 1 and 8 the allocation's own slack would hide it).
   std::string Check(int64_t m, const GemvOptions& opt, uint64_t seed,
                     const std::vector<uint16_t>* x_in = nullptr, CUstream stream = nullptr) const {
     std::vector<uint16_t> x = x_in ? *x_in : testing::RandomActivations(m, k, seed);
-    DeviceBuffer dx(x.size() * 2), dout(static_cast<size_t>(m * n * 2));
+    const int64_t guard = n + 64;
+    DeviceBuffer dx(x.size() * 2), dout(static_cast<size_t>((m * n + guard) * 2));
     dx.Upload(x.data(), x.size() * 2);
     dout.Fill16(kPoison);
     if (stream != nullptr) testing::Synchronize();  // a non-blocking stream would not wait
     absl::Status st = Gemv(dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt);
     if (!st.ok()) return std::string(st.message());
     if (stream != nullptr) testing::Synchronize();  // nor would the download wait for it
-    std::vector<uint16_t> got(static_cast<size_t>(m * n));
+    std::vector<uint16_t> got(static_cast<size_t>(m * n + guard));
     dout.Download(got.data(), got.size() * 2);
+    std::string err;
+    for (int64_t i = m * n; i < m * n + guard; ++i) {
+      if (got[i] != kPoison) {
+        err = absl::StrCat("a store past the output: value ", i - m * n, " after the last (bits 0x",
+                           absl::Hex(got[i]), ")\n");
+        break;
+      }
+    }
+    got.resize(static_cast<size_t>(m * n));
     std::vector<double> ref, abs_sum;
     testing::ReferenceGemv(w, x, m, n, k, &ref, &abs_sum);
-    return testing::CompareToReference(got, ref, abs_sum, m, n);
+    return err + testing::CompareToReference(got, ref, abs_sum, m, n);
   }
 };
 
