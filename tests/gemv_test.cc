@@ -386,6 +386,45 @@ TEST(Gemv, HeavyTailsZeroRowsAndSkew) {
   }
 }
 
+// Dense rows that hold values (the all-zero rows elsewhere would hide a wrong sum): rows whose
+// weights all lie 2^12 above the window are computed by a CTA of their own from the original BF16
+// values. K gives every thread of that CTA (up to 1024) at least one 16-byte chunk, so every
+// warp's partial counts; the rows sit in the first, second and fourth row block (RB 2's and RB
+// 4's later blocks), two in one block, and last; m covers the dense CTA's one-token loop (NB 1)
+// and its four-token loop with a ragged last four (NB 2 and 4), and chunks of m.
+TEST(Gemv, DenseRowsWithValues) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 256, k = 12288;  // k / 8 = 1536 chunks of 16 bytes
+  auto w = testing::RandomMatrix(n, k, Distribution::kNormal, seed);
+  const int64_t dense[] = {3, 16 + 5, 16 + 6, 48 + 15, n - 1};
+  for (const int64_t row : dense) {
+    for (int64_t c = 0; c < k; ++c) {
+      uint16_t& b = w[row * k + c];
+      if ((b & 0x7F80) != 0) b = static_cast<uint16_t>(b + (12 << 7));  // x 4096, exactly
+    }
+  }
+  absl::StatusOr<PackedMatrix> packed = Pack(w.data(), n, k);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  ASSERT_EQ(packed->stats.dense_rows, 5) << "the test needs these five rows to be dense";
+  const Problem p = Problem::Make(n, k, w);
+  for (const int64_t m : {1, 8, 13, 16, 29}) {
+    EXPECT_EQ(p.Check(m, {}, seed + m), "") << "dispatcher, m=" << m;
+  }
+  const KernelConfig configs[] = {
+      {WeightFormat::kZ12, 4, 1, 1, 3, 1, 1},   {WeightFormat::kZ12, 31, 1, 1, 0, 1, 1},
+      {WeightFormat::kZ12, 16, 1, 1, 2, 2, 1},  {WeightFormat::kZ12, 8, 2, 2, 1, 3, 1},
+      {WeightFormat::kZ12, 4, 1, 2, 3, 1, 2},   {WeightFormat::kZ12, 4, 1, 2, 11, 1, 4},
+      {WeightFormat::kZ12, 8, 1, 4, 3, 1, 1},
+  };
+  for (const KernelConfig& c : configs) {
+    ASSERT_TRUE(Validate(c, GemvShape{c.tokens_per_launch(), n, k}).ok()) << c.ToString();
+    for (const int64_t m : {int64_t{1}, int64_t{c.tokens_per_launch()} - 3, int64_t{29}}) {
+      EXPECT_EQ(p.Check(m, GemvOptions{c}, seed + 100 + m), "") << c.ToString() << " m=" << m;
+    }
+  }
+}
+
 // FP32 output is the unrounded sum: within FP32 accumulation error of the double reference, and
 // its round-to-nearest-even BF16 is bitwise the BF16 call's output. Both row-block layouts, with
 // and without split-K, and the dispatcher's own choice, on a matrix with dense rows.
