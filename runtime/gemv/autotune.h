@@ -6,6 +6,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "gemvz/config.h"
@@ -45,6 +46,11 @@ void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream);
 
 // The device bytes that the workspace of (ctx, stream) holds, outgrown buffers included; 0 if none.
 int64_t StreamWorkspaceBytes(CUcontext ctx, CUstream stream);
+
+// The device buffers of that workspace, outgrown ones first; empty if none. For tests, which
+// check that ReleaseGemvWorkspace frees each one (free device memory, the other way to see it,
+// moves with every other process on the GPU).
+std::vector<CUdeviceptr> StreamWorkspaceBuffers(CUcontext ctx, CUstream stream);
 
 // GEMVZ_PDL's value (unset: nullopt) as a mode: 0/empty off, 1 or auto kAuto, always kAlways.
 absl::StatusOr<Pdl> PdlFromEnv(const std::optional<std::string>& value);

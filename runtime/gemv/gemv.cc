@@ -153,6 +153,20 @@ int64_t StreamWorkspaceBytes(CUcontext ctx, CUstream stream) {
   return bytes;
 }
 
+std::vector<CUdeviceptr> StreamWorkspaceBuffers(CUcontext ctx, CUstream stream) {
+  absl::MutexLock lock(&workspace_mu);
+  std::vector<CUdeviceptr> buffers;
+  auto& map = Workspaces();
+  auto it = map.find(KeyFor(ctx, stream));
+  if (it == map.end()) return buffers;
+  const Workspace& w = *it->second;
+  for (const RetiredBuffer& r : w.retired) buffers.push_back(r.ptr);
+  for (CUdeviceptr p : {w.ws, w.sem, w.xpad}) {
+    if (p != 0) buffers.push_back(p);
+  }
+  return buffers;
+}
+
 void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
   Workspace* w = nullptr;
   {
