@@ -157,7 +157,12 @@ TEST(KernelCacheTest, KeyChangesWithWhatDeterminesTheBinaryAndNothingElse) {
   // The options.
   KernelCacheOptions with_option = StandInOptions("");
   with_option.extra_options = std::vector<std::string>{"-maxrregcount=128"};
-  EXPECT_NE(key(KernelCache(with_option), config, "sm_90"), k0);
+  const std::string k128 = key(KernelCache(with_option), config, "sm_90");
+  EXPECT_NE(k128, k0);
+  // An option's value, not only how many there are (a key of the option count alone passed the
+  // line above: tools/mutants.tsv, F3).
+  with_option.extra_options = std::vector<std::string>{"-maxrregcount=96"};
+  EXPECT_NE(key(KernelCache(with_option), config, "sm_90"), k128);
   // The source text: one character of a comment in a header the kernel does include, and a
   // file the kernel never includes.
   KernelCacheOptions salted = StandInOptions("");
@@ -181,13 +186,17 @@ TEST(KernelCacheTest, KeyChangesWithWhatDeterminesTheBinaryAndNothingElse) {
   in.name_expression = "gemvz_z12_kernel<8, 2, 2, 3>";
   const std::string v0 = ComputeCacheKey(in);
   EXPECT_EQ(ComputeCacheKey(in), v0);
-  for (int field = 0; field < 5; ++field) {
+  ASSERT_FALSE(in.options.empty());
+  for (int field = 0; field < 8; ++field) {
     CacheKeyInputs changed = in;
     if (field == 0) changed.schema_version += 1;
     if (field == 1) changed.library_version += ".1";
     if (field == 2) changed.nvrtc_version = "99.9";
     if (field == 3) changed.generated_source += "\n";
     if (field == 4) changed.nvrtc_library += " (patched)";
+    if (field == 5) changed.options.back() += "0";  // as many options, one of them another
+    if (field == 6) changed.arch = "sm_100";
+    if (field == 7) changed.name_expression = "gemvz_z12_kernel<8, 2, 2, 1>";
     EXPECT_NE(ComputeCacheKey(changed), v0) << "field " << field;
   }
 }
