@@ -1,7 +1,8 @@
 // tools/mutants.tsv lists deliberate bugs that tools/mutation_check.sh plants one at a time on a
 // GPU machine, to check that the GPU tests catch each one. This CPU test keeps the list usable as
 // the code changes: each mutant's text occurs exactly once in its file (the script refuses one
-// that does not), its replacement differs, and no two mutants share a name.
+// that does not), its replacement differs, it says which tests should catch it, and no two
+// mutants share a name.
 #include <cstddef>
 #include <fstream>
 #include <set>
@@ -31,11 +32,14 @@ TEST(Mutants, EachAppliesToExactlyOnePlace) {
   while (std::getline(table, line)) {
     if (line.empty() || line[0] == '#') continue;
     const std::vector<std::string> f = absl::StrSplit(line, '\t');
-    ASSERT_EQ(f.size(), 5u) << "not name, file, text, replacement, what (tab-separated): " << line;
+    ASSERT_EQ(f.size(), 6u) << "not name, file, text, replacement, what, tests (tab-separated): "
+                            << line;
     const std::string &name = f[0], &file = f[1], &text = f[2], &replacement = f[3];
     EXPECT_TRUE(names.insert(name).second) << "two mutants named " << name;
     EXPECT_FALSE(text.empty()) << name;
     EXPECT_NE(text, replacement) << name << " changes nothing";
+    EXPECT_FALSE(f[4].empty()) << name << " does not say what the bug is";
+    EXPECT_FALSE(f[5].empty()) << name << " does not say which tests to run (gpu, or a regex)";
     const std::string source = ReadAll(dir + "/" + file);
     ASSERT_FALSE(source.empty()) << name << ": cannot read " << file;
     size_t count = 0;
@@ -46,7 +50,7 @@ TEST(Mutants, EachAppliesToExactlyOnePlace) {
                          << " (edit tools/mutants.tsv with the code it mutates)";
     ++mutants;
   }
-  EXPECT_GE(mutants, 18) << "the table lost mutants";
+  EXPECT_GE(mutants, 27) << "the table lost mutants";
 }
 
 }  // namespace

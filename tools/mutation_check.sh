@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
-# Checks that the GPU tests catch each deliberate bug of tools/mutants.tsv: for every mutant, apply
-# it, rebuild BUILD_DIR, run the fast GPU tests (then, if none failed, the five long ones), name
-# the tests that failed, and restore the sources. Needs a GPU and a configured build directory
-# (tools/build.sh makes build/). Exit status: 0 every mutant caught, 1 one survived, 2 usage.
+# Checks that the tests catch each deliberate bug of tools/mutants.tsv: for every mutant, apply it,
+# rebuild BUILD_DIR, run its tests, name those that failed, and restore the sources. A GPU mutant
+# runs the GPU tests but the five long ones, then, if none failed, the long ones; it needs a GPU.
+# A CPU mutant runs the CPU tests its row names, anywhere. First the same tests must pass on the
+# unmutated sources (and the GPU tests must really run, not skip). Needs a configured build
+# directory (tools/build.sh makes build/). Exit status: 0 every mutant caught, 1 one was not, 2
+# usage or a failing baseline.
 #
 #   tools/mutation_check.sh BUILD_DIR [MUTANT...]    build and test them (no MUTANT: all)
-#   tools/mutation_check.sh list                     the mutants, with what each bug is
+#   tools/mutation_check.sh list                     the mutants, what each bug is, its tests
 #   tools/mutation_check.sh apply MUTANT             apply one to the working tree, nothing else
 #
 # Logs: $GEMVZ_MUTANT_LOGS (default /tmp/gemvz-mutants), one build and one ctest log a mutant.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 table=tools/mutants.tsv
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 names() { grep -v '^#' "$table" | cut -f1; }
 
 # Replaces the mutant's text, which must occur exactly once in its file (tests/mutants_test.cc
 # checks that on every build).
 apply() {
-  local name file old new what content rest
-  IFS=$'\t' read -r name file old new what < <(grep -v '^#' "$table" | awk -F'\t' -v n="$1" '$1 == n')
+  local name file old new what tests content rest
+  IFS=$'\t' read -r name file old new what tests < <(grep -v '^#' "$table" | awk -F'\t' -v n="$1" '$1 == n')
   if [ -z "${name:-}" ]; then echo "no mutant named '$1' in $table" >&2; return 2; fi
   content=$(cat "$file"; printf x) && content=${content%x}
   rest=${content#*"$old"}
@@ -30,7 +33,8 @@ apply() {
 }
 
 case "${1:-}" in
-  list) grep -v '^#' "$table" | awk -F'\t' '{printf "%-34s %s (%s)\n", $1, $5, $2}'; exit 0 ;;
+  list) grep -v '^#' "$table" | awk -F'\t' '{printf "%-34s %s (%s; tests: %s)\n", $1, $5, $2, $6}'
+        exit 0 ;;
   apply) [ $# -eq 2 ] || { usage; exit 2; }; apply "$2"; exit $? ;;
 esac
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ] || [ ! -f "$1/CMakeCache.txt" ]; then
@@ -44,12 +48,13 @@ mutants=("$@")
 logs=${GEMVZ_MUTANT_LOGS:-/tmp/gemvz-mutants}
 mkdir -p "$logs"
 
-# Every file a mutant may touch, saved once and put back after each mutant and on any exit (then
-# touched: the saved copies are older than the objects built from a mutant).
+# Every file a mutant may touch, saved once and put back after each mutant and on any exit; only
+# a changed file is written back, with a new time, so that the next build recompiles it and no
+# more.
 mapfile -t files < <(grep -v '^#' "$table" | cut -f2 | sort -u)
 saved=$(mktemp -d)
 for f in "${files[@]}"; do mkdir -p "$saved/$(dirname "$f")" && cp -p "$f" "$saved/$f"; done
-restore() { for f in "${files[@]}"; do cp -p "$saved/$f" "$f"; done; touch "${files[@]}"; }
+restore() { for f in "${files[@]}"; do cmp -s "$saved/$f" "$f" || cp "$saved/$f" "$f"; done; }
 trap 'restore; rm -rf "$saved"' EXIT
 trap 'exit 130' INT TERM
 
@@ -59,19 +64,38 @@ failed_tests() {  # the tests a ctest log lists as not passed, skipped and disab
   grep -E '^\s+[0-9]+ - ' "$1" | grep -vE '\((Skipped|Disabled)\)' |
     sed -E 's/^\s+[0-9]+ - ([^ ]+).*/\1/' | tr '\n' ' '
 }
-# The baseline: the unmutated sources must pass, on a GPU (without one every test skips and every
-# mutant would seem to survive).
-touch "${files[@]}"
+tests_of() { grep -v '^#' "$table" | awk -F'\t' -v n="$1" '$1 == n { print $6 }'; }
+run_tests() {  # run_tests REGEX|gpu LOG: the mutant's tests (a GPU mutant's fast ones)
+  if [ "$1" = gpu ]; then
+    (cd "$build" && ctest -j8 -R "$fast" -E "$long" --timeout 300 > "$2" 2>&1)
+  else
+    (cd "$build" && ctest -j"$(nproc)" -R "$1" --timeout 300 > "$2" 2>&1)
+  fi
+}
+# The baseline: each set of tests the mutants name must pass on the unmutated sources, and the
+# GPU tests must run (without a GPU they skip, and every GPU mutant would seem to survive).
 cmake --build "$build" -j"$(nproc)" > "$logs/build_baseline.log" 2>&1 ||
   { echo "the unmutated build failed ($logs/build_baseline.log)"; exit 2; }
-(cd "$build" && ctest -j8 -R "$fast" -E "$long" --timeout 300 > "$logs/ctest_baseline.txt" 2>&1)
-if [ -n "$(failed_tests "$logs/ctest_baseline.txt")" ]; then
-  echo "the unmutated sources fail: $(failed_tests "$logs/ctest_baseline.txt")"; exit 2
-fi
-if ! grep -qE 'Gemv\.EveryMFrom1To64 \.+ +Passed' "$logs/ctest_baseline.txt"; then
-  echo "the GPU tests did not run (no GPU?): $logs/ctest_baseline.txt"; exit 2
-fi
-echo "baseline: $(grep -E 'tests passed' "$logs/ctest_baseline.txt")"
+declare -A baseline_done=()
+for m in "${mutants[@]}"; do
+  t=$(tests_of "$m")
+  if [ -z "$t" ]; then echo "no mutant named '$m' in $table"; exit 2; fi
+  [ -n "${baseline_done[$t]:-}" ] && continue
+  baseline_done[$t]=1
+  log="$logs/ctest_baseline_${#baseline_done[@]}.txt"
+  run_tests "$t" "$log"
+  if [ -n "$(failed_tests "$log")" ]; then
+    echo "the unmutated sources fail: $(failed_tests "$log")($log)"; exit 2
+  fi
+  if ! grep -qE 'tests passed.* out of [1-9]' "$log"; then
+    echo "no test matches the tests of $m ($t): $log"; exit 2
+  fi
+  if [ "$t" = gpu ] && ! grep -qE 'Gemv\.EveryMFrom1To64 \.+ +Passed' "$log"; then
+    echo "the GPU tests did not run (no GPU?): $log. Without a GPU, name CPU mutants (list)"
+    exit 2
+  fi
+  echo "baseline ($t): $(grep -E 'tests passed' "$log")"
+done
 survivors=0
 for m in "${mutants[@]}"; do
   restore
@@ -80,14 +104,15 @@ for m in "${mutants[@]}"; do
     echo "$m: the build failed (a mutant must compile; $logs/build_$m.log)"; survivors=1; continue
   fi
   t0=$(date +%s)
-  (cd "$build" && ctest -j8 -R "$fast" -E "$long" --timeout 300 > "$logs/ctest_$m.txt" 2>&1)
+  t=$(tests_of "$m")
+  run_tests "$t" "$logs/ctest_$m.txt"
   killers=$(failed_tests "$logs/ctest_$m.txt")
-  if [ -z "$killers" ]; then
+  if [ -z "$killers" ] && [ "$t" = gpu ]; then
     (cd "$build" && ctest -j8 -R "$long" --timeout 300 > "$logs/long_$m.txt" 2>&1)
     killers=$(failed_tests "$logs/long_$m.txt")
   fi
   if [ -z "$killers" ]; then
-    echo "$m: SURVIVED every test ($(( $(date +%s) - t0 )) s)"; survivors=1
+    echo "$m: SURVIVED: no test failed ($(( $(date +%s) - t0 )) s)"; survivors=1
   else
     echo "$m: caught by $killers($(( $(date +%s) - t0 )) s)"
   fi
