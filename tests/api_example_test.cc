@@ -60,8 +60,15 @@ TEST(ApiExample, RunsOnTheGpu) {
   GEMVZ_REQUIRE_GPU();
   const int64_t n = 256, k = 1024, m = 4;
   std::vector<uint16_t> w(n * k), x(m * k);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = FloatToBf16(((i * 37) % 101 - 50) / 1600.f);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = FloatToBf16(((i * 13) % 7 - 3) / 4.f);
+  // Small multiples of 1/1600 and 1/4. (Computed in size_t, the "- 50" and "- 3" wrapped around
+  // to about 1e16 and 5e18, and every row of W was a dense row; found by the mutants of
+  // tools/mutants.tsv, docs/TESTING.md.)
+  for (size_t i = 0; i < w.size(); ++i) {
+    w[i] = FloatToBf16(static_cast<float>(static_cast<int>((i * 37) % 101) - 50) / 1600.f);
+  }
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = FloatToBf16(static_cast<float>(static_cast<int>((i * 13) % 7) - 3) / 4.f);
+  }
   testing::DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
   dx.Upload(x.data(), x.size() * 2);
   dout.Fill16(0x7FC1);
