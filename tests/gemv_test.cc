@@ -76,8 +76,9 @@ struct Problem {
 
   // Runs Gemv with m rows of fresh x on `stream` (nullptr: the legacy default stream) and
   // compares to the reference; returns the error text. The output is followed by a poisoned
-  // guard of one more token row and 64 values, which must stay untouched: a store past token
-  // m - 1 or past row n - 1 lands there (at m = 1 and 8 the allocation's own slack would hide it).
+  // guard of one more token row and 64 values, which must stay untouched: a store past the last
+  // token (a kernel's token block reaches past m when the last launch is short) or past the last
+  // row lands there, where the allocation's own slack would have hidden it.
   std::string Check(int64_t m, const GemvOptions& opt, uint64_t seed,
                     const std::vector<uint16_t>* x_in = nullptr, CUstream stream = nullptr) const {
     std::vector<uint16_t> x = x_in ? *x_in : testing::RandomActivations(m, k, seed);
@@ -386,15 +387,16 @@ TEST(Gemv, HeavyTailsZeroRowsAndSkew) {
   }
 }
 
-// Dense rows that hold values (the all-zero rows elsewhere would hide a wrong sum): rows whose
-// weights all lie 2^12 above the window are computed by a CTA of their own from the original BF16
-// values. K gives every thread of that CTA (up to 1024) at least one 16-byte chunk, so every
+// Dense rows that hold values (the all-zero rows elsewhere would hide a wrong sum): rows scaled
+// by 2^12, so that nearly all their weights lie above the window, are computed by a CTA of their
+// own from the original BF16 values. K gives every thread of that CTA (up to 1024) at least one 16-byte chunk, so every
 // warp's partial counts; the rows sit in the first, second and fourth row block (RB 2's and RB
 // 4's later blocks), two in one block, and last; m covers the dense CTA's one-token loop (NB 1)
 // and its four-token loop with a ragged last four (NB 2 and 4), and chunks of m.
 TEST(Gemv, DenseRowsWithValues) {
   GEMVZ_REQUIRE_GPU();
   const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const int64_t n = 256, k = 12288;  // k / 8 = 1536 chunks of 16 bytes
   auto w = testing::RandomMatrix(n, k, Distribution::kNormal, seed);
   const int64_t dense[] = {3, 16 + 5, 16 + 6, 48 + 15, n - 1};
@@ -640,8 +642,8 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
   ReplayAndCheck(g, p, x, &dout, m, 3);
 }
 
-// ReleaseGemvWorkspace frees what Gemv keeps for a stream, outgrown buffers included (the device's
-// free memory rises by at least the bytes that GemvWorkspaceBytes counted), and the next split-K
+// ReleaseGemvWorkspace frees what Gemv keeps for a stream, outgrown buffers included (each buffer
+// is an allocation before the call and none after it), and the next split-K
 // call on the stream allocates afresh and is right (its new semaphores start at zero). Refused
 // during capture, an error for a device that does not exist, a no-op where nothing is held.
 TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
