@@ -1,8 +1,8 @@
 // tools/mutants.tsv lists deliberate bugs that tools/mutation_check.sh plants one at a time on a
 // GPU machine, to check that the GPU tests catch each one. This CPU test keeps the list usable as
 // the code changes: each mutant's text occurs exactly once in its file (the script refuses one
-// that does not), its replacement differs, it says which tests should catch it, and no two
-// mutants share a name.
+// that does not), its replacement differs (it may be empty: a deletion), it says what the bug is
+// and which tests should catch it, and no two mutants share a name.
 #include <cstddef>
 #include <fstream>
 #include <set>
@@ -35,6 +35,7 @@ TEST(Mutants, EachAppliesToExactlyOnePlace) {
     ASSERT_EQ(f.size(), 6u) << "not name, file, text, replacement, what, tests (tab-separated): "
                             << line;
     const std::string &name = f[0], &file = f[1], &text = f[2], &replacement = f[3];
+    EXPECT_FALSE(name.empty()) << line;
     EXPECT_TRUE(names.insert(name).second) << "two mutants named " << name;
     EXPECT_FALSE(text.empty()) << name;
     EXPECT_NE(text, replacement) << name << " changes nothing";

@@ -4,26 +4,34 @@
 # runs the GPU tests but the five long ones, then, if none failed, the long ones; it needs a GPU.
 # A CPU mutant runs the CPU tests its row names, anywhere. First the same tests must pass on the
 # unmutated sources (and the GPU tests must really run, not skip). Needs a configured build
-# directory (tools/build.sh makes build/). Exit status: 0 every mutant caught, 1 one was not, 2
-# usage or a failing baseline.
+# directory (tools/build.sh makes build/). Kernels compile into a JIT cache of the run's own.
+# Exit status: 0 every mutant caught; 1 one was not; 2 usage, no GPU, or a failing baseline.
 #
 #   tools/mutation_check.sh BUILD_DIR [MUTANT...]    build and test them (no MUTANT: all)
-#   tools/mutation_check.sh list                     the mutants, what each bug is, its tests
+#   tools/mutation_check.sh list                     the mutants, what each bug is, their tests
 #   tools/mutation_check.sh apply MUTANT             apply one to the working tree, nothing else
 #
 # Logs: $GEMVZ_MUTANT_LOGS (default /tmp/gemvz-mutants), one build and one ctest log a mutant.
 set -u -o pipefail
-cd "$(dirname "$0")/.."
+self=$(readlink -f "$0")
+usage() { sed -n '2,14p' "$self" | sed 's/^# \{0,1\}//'; }
+build=""
+if [ $# -ge 1 ] && [ -d "$1" ]; then build=$(cd "$1" && pwd); fi  # before the cd below
+cd "$(dirname "$self")/.."
 table=tools/mutants.tsv
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
-names() { grep -v '^#' "$table" | cut -f1; }
+
+# The table's rows (comments and blank lines aside), fields separated by \037 rather than tabs:
+# `read` would merge the two tabs around an empty field (a mutant that deletes its text).
+rows() { grep -v -e '^#' -e '^$' "$table" | tr '\t' '\037'; }
+names() { rows | cut -d $'\037' -f1; }
+field() { rows | awk -F'\037' -v n="$1" -v f="$2" '$1 == n { print $f }'; }  # field NAME INDEX
 
 # Replaces the mutant's text, which must occur exactly once in its file (tests/mutants_test.cc
 # checks that on every build).
 apply() {
-  local name file old new what tests content rest
-  IFS=$'\t' read -r name file old new what tests < <(grep -v '^#' "$table" | awk -F'\t' -v n="$1" '$1 == n')
-  if [ -z "${name:-}" ]; then echo "no mutant named '$1' in $table" >&2; return 2; fi
+  local name="" file old new what tests content rest
+  IFS=$'\037' read -r name file old new what tests < <(rows | awk -F'\037' -v n="$1" '$1 == n')
+  if [ -z "$name" ]; then echo "no mutant named '$1' in $table" >&2; return 2; fi
   content=$(cat "$file"; printf x) && content=${content%x}
   rest=${content#*"$old"}
   if [ "$rest" = "$content" ] || [ "${rest#*"$old"}" != "$rest" ]; then
@@ -33,30 +41,36 @@ apply() {
 }
 
 case "${1:-}" in
-  list) grep -v '^#' "$table" | awk -F'\t' '{printf "%-34s %s (%s; tests: %s)\n", $1, $5, $2, $6}'
-        exit 0 ;;
+  list) rows | awk -F'\037' '{printf "%-34s %s (%s; tests: %s)\n", $1, $5, $2, $6}'; exit 0 ;;
   apply) [ $# -eq 2 ] || { usage; exit 2; }; apply "$2"; exit $? ;;
+  -h|--help) usage; exit 0 ;;
+  "") usage; exit 2 ;;
 esac
-if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ] || [ ! -f "$1/CMakeCache.txt" ]; then
+if [ -z "$build" ] || [ ! -f "$build/CMakeCache.txt" ]; then
   usage
-  [ $# -ge 1 ] && [ "$1" != "-h" ] && [ "$1" != "--help" ] && echo "not a configured build directory: $1" >&2
+  echo "not a configured build directory: $1" >&2
   exit 2
 fi
-build=$1; shift
+shift
 mutants=("$@")
 [ ${#mutants[@]} -eq 0 ] && mapfile -t mutants < <(names)
+for m in "${mutants[@]}"; do  # every name, before minutes of building
+  [ -n "$(field "$m" 1)" ] || { echo "no mutant named '$m' in $table (list)" >&2; exit 2; }
+done
 logs=${GEMVZ_MUTANT_LOGS:-/tmp/gemvz-mutants}
 mkdir -p "$logs"
 
 # Every file a mutant may touch, saved once and put back after each mutant and on any exit; only
 # a changed file is written back, with a new time, so that the next build recompiles it and no
-# more.
-mapfile -t files < <(grep -v '^#' "$table" | cut -f2 | sort -u)
+# more. A second signal during the restore is ignored, so that it cannot stop halfway.
+mapfile -t files < <(rows | cut -d $'\037' -f2 | sort -u)
+for f in "${files[@]}"; do [ -f "$f" ] || { echo "$table names $f, which does not exist" >&2; exit 2; }; done
 saved=$(mktemp -d)
 for f in "${files[@]}"; do mkdir -p "$saved/$(dirname "$f")" && cp -p "$f" "$saved/$f"; done
 restore() { for f in "${files[@]}"; do cmp -s "$saved/$f" "$f" || cp "$saved/$f" "$f"; done; }
-trap 'restore; rm -rf "$saved"' EXIT
-trap 'exit 130' INT TERM
+trap 'trap "" INT TERM HUP; restore; rm -rf "$saved"' EXIT
+trap 'exit 130' INT TERM HUP
+export GEMVZ_CACHE_DIR="$saved/jit-cache"  # mutant kernels stay out of the user's cache
 
 fast='^(Gemv\.|PdlTest\.|Shard\.|ApiExample\.|CliTest\.Demo)'
 long='UnevenSharesOfK|BroadConfigurationSweep|GroupMajorMatchesBlockMajorBitForBit|DispatcherChoicesOnTheSuite|DispatcherChoicesForM17To32'
@@ -64,22 +78,23 @@ failed_tests() {  # the tests a ctest log lists as not passed, skipped and disab
   grep -E '^\s+[0-9]+ - ' "$1" | grep -vE '\((Skipped|Disabled)\)' |
     sed -E 's/^\s+[0-9]+ - ([^ ]+).*/\1/' | tr '\n' ' '
 }
-tests_of() { grep -v '^#' "$table" | awk -F'\t' -v n="$1" '$1 == n { print $6 }'; }
-run_tests() {  # run_tests REGEX|gpu LOG: the mutant's tests (a GPU mutant's fast ones)
+# A mutant's tests (a GPU mutant's fast ones). A test that hangs fails at its ctest TIMEOUT
+# property (900 s, CMakeLists.txt), which --timeout would not shorten.
+run_tests() {  # run_tests gpu|REGEX LOG
   if [ "$1" = gpu ]; then
-    (cd "$build" && ctest -j8 -R "$fast" -E "$long" --timeout 300 > "$2" 2>&1)
+    (cd "$build" && ctest -j8 -R "$fast" -E "$long" > "$2" 2>&1)
   else
-    (cd "$build" && ctest -j"$(nproc)" -R "$1" --timeout 300 > "$2" 2>&1)
+    (cd "$build" && ctest -j"$(nproc)" -R "$1" > "$2" 2>&1)
   fi
 }
+
 # The baseline: each set of tests the mutants name must pass on the unmutated sources, and the
 # GPU tests must run (without a GPU they skip, and every GPU mutant would seem to survive).
 cmake --build "$build" -j"$(nproc)" > "$logs/build_baseline.log" 2>&1 ||
   { echo "the unmutated build failed ($logs/build_baseline.log)"; exit 2; }
 declare -A baseline_done=()
 for m in "${mutants[@]}"; do
-  t=$(tests_of "$m")
-  if [ -z "$t" ]; then echo "no mutant named '$m' in $table"; exit 2; fi
+  t=$(field "$m" 6)
   [ -n "${baseline_done[$t]:-}" ] && continue
   baseline_done[$t]=1
   log="$logs/ctest_baseline_${#baseline_done[@]}.txt"
@@ -96,6 +111,7 @@ for m in "${mutants[@]}"; do
   fi
   echo "baseline ($t): $(grep -E 'tests passed' "$log")"
 done
+
 survivors=0
 for m in "${mutants[@]}"; do
   restore
@@ -104,11 +120,11 @@ for m in "${mutants[@]}"; do
     echo "$m: the build failed (a mutant must compile; $logs/build_$m.log)"; survivors=1; continue
   fi
   t0=$(date +%s)
-  t=$(tests_of "$m")
+  t=$(field "$m" 6)
   run_tests "$t" "$logs/ctest_$m.txt"
   killers=$(failed_tests "$logs/ctest_$m.txt")
   if [ -z "$killers" ] && [ "$t" = gpu ]; then
-    (cd "$build" && ctest -j8 -R "$long" --timeout 300 > "$logs/long_$m.txt" 2>&1)
+    (cd "$build" && ctest -j8 -R "$long" > "$logs/long_$m.txt" 2>&1)
     killers=$(failed_tests "$logs/long_$m.txt")
   fi
   if [ -z "$killers" ]; then
