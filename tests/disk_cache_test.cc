@@ -496,8 +496,11 @@ TEST(CacheDirectoryTest, MaxBytesComesFromTheEnvironment) {
     ScopedEnv cap("GEMVZ_CACHE_MAX_BYTES", "64M");
     EXPECT_EQ(DiskCacheMaxBytes(), int64_t{64} << 20);
   }
-  {
-    ScopedEnv cap("GEMVZ_CACHE_MAX_BYTES", "lots");
+  // Malformed, or too large for an int64_t (9000000000G is over 2^63 bytes: taken, it would be
+  // a negative cap that evicts every entry): the default, with a warning.
+  for (const char* bad : {"lots", "9000000000G", "12iB"}) {
+    SCOPED_TRACE(bad);
+    ScopedEnv cap("GEMVZ_CACHE_MAX_BYTES", bad);
     testing::internal::CaptureStderr();
     EXPECT_EQ(DiskCacheMaxBytes(), int64_t{1} << 30);
     EXPECT_NE(testing::internal::GetCapturedStderr().find("GEMVZ_CACHE_MAX_BYTES"),

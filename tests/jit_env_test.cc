@@ -1,5 +1,7 @@
 // Environment helpers: byte sizes with units, booleans, integers; malformed values warn and fall
 // back to the default.
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -21,8 +23,14 @@ TEST(EnvTest, ByteSizes) {
   EXPECT_EQ(ParseByteSize(" 2G ").value(), int64_t{2} << 30);
   EXPECT_EQ(ParseByteSize("3T").value(), int64_t{3} << 40);
   EXPECT_EQ(ParseByteSize("10B").value(), 10);
+  // The largest sizes an int64_t holds, bytes and gigabytes; one more is refused below.
+  EXPECT_EQ(ParseByteSize("9223372036854775807").value(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(ParseByteSize("8589934591G").value(), (int64_t{8589934591} << 30));
+  // Sizes from 2^63 to 2^64 bytes fit a uint64_t but come back negative, so they are refused
+  // like larger ones; and a bare "iB" names no unit (12iB is a typo of 12KiB or 12MiB, not 12).
   for (const char* bad :
-       {"", "-1", "G", "12Q", "1.5G", "iB", "99999999999999999999", "9000000000T"}) {
+       {"", "-1", "G", "12Q", "1.5G", "iB", "12iB", "99999999999999999999", "9000000000T",
+        "9223372036854775808", "8589934592G", "9000000000G", "18446744073709551615"}) {
     absl::StatusOr<int64_t> r = ParseByteSize(bad);
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) {
