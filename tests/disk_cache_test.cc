@@ -403,6 +403,28 @@ TEST(DiskCacheTest, SweepsNeverRemoveAHeldLock) {
   }
 }
 
+TEST(DiskCacheTest, SweepsLeaveALiveWritersTemporaryFile) {
+  // Every compile ends with a Prune, so a sweep often runs while another process is between
+  // writing its entry's temporary file and renaming it into place. A young temporary file must
+  // stay (removing it fails that writer's rename); one older than any write is a crashed
+  // writer's and goes.
+  for (int sweep = 0; sweep < 2; ++sweep) {
+    SCOPED_TRACE(sweep == 0 ? "prune" : "clear");
+    TempDir dir;
+    DiskCache cache(dir.path());
+    const CompiledKernel k = RandomKernel();
+    ASSERT_TRUE(cache.Write(k).ok());
+    const std::string live = cache.EntryPath(RandomKernel(1).key) + ".tmp.1234.0";
+    const std::string stale = cache.EntryPath(RandomKernel(1).key) + ".tmp.5678.0";
+    ASSERT_TRUE(AtomicWriteFile(live, "half of an entry").ok());
+    ASSERT_TRUE(AtomicWriteFile(stale, "what a crash left").ok());
+    SetMtime(stale, std::time(nullptr) - 2 * 3600);
+    ASSERT_TRUE(sweep == 0 ? cache.Prune(int64_t{1} << 30).ok() : cache.Clear().ok());
+    EXPECT_GE(FileSize(live), 0) << "a live writer's temporary file was removed";
+    EXPECT_EQ(FileSize(stale), -1) << "a crashed writer's temporary file was left";
+  }
+}
+
 TEST(DiskCacheTest, KeyLockTakenOnARemovedFileIsTakenAgain) {
   // A waiter that blocked on a lock file which its holder then removed must not come back
   // holding the removed file: a newcomer would lock a new file at the same path.
