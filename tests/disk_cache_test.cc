@@ -440,6 +440,12 @@ TEST(DiskCacheTest, KeyLockTakenOnARemovedFileIsTakenAgain) {
   std::thread waiter([&] { got = waiter_cache.LockKey(key); });
   ::usleep(200 * 1000);  // the waiter is in flock on the file we hold
   ASSERT_EQ(::unlink(lock.c_str()), 0);
+  // A newcomer's file at the path before we let go (made while ours is still open, so it cannot
+  // reuse our inode number): a waiter that checks only that something is at the path would come
+  // back holding our removed file, while anyone else locks this one.
+  const int newcomer = ::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  EXPECT_GE(newcomer, 0);
+  if (newcomer >= 0) ::close(newcomer);
   ::close(fd);
   waiter.join();
   ASSERT_NE(got, nullptr);
