@@ -1,7 +1,7 @@
-// Disk cache: entries round-trip, and every kind of damage (truncation, flipped bytes, wrong
-// key, bad magic or version) is detected; hits refresh the LRU clock; eviction removes the least
-// recently used first; an unwritable directory degrades with one warning; the directory comes
-// from the environment as documented.
+// Disk cache: entries round-trip, and every kind of damage (truncation, flipped bytes, a field
+// longer than the rest of the payload, wrong key, bad magic or version) is detected; hits refresh
+// the LRU clock; eviction removes the least recently used first; an unwritable directory degrades
+// with one warning; the directory comes from the environment as documented.
 #include "runtime/jit/disk_cache.h"
 
 #include <fcntl.h>
@@ -134,6 +134,49 @@ TEST(DiskEntryTest, SpecificDamageIsNamed) {
   EXPECT_NE(std::string(wrong.message()).find("wrong key"), std::string::npos) << wrong;
   // Without an expected key (cache list), the entry is accepted.
   EXPECT_TRUE(ParseEntry(bytes, "").ok());
+}
+
+// Replaces the u64 at `offset` of an entry and recomputes the header's checksum: damage that
+// the checksum cannot see, as a writer with a bug (or a hand-made file) would produce.
+std::string WithU64(std::string entry, size_t offset, uint64_t v) {
+  for (int i = 0; i < 8; ++i) entry[offset + i] = static_cast<char>(v >> (8 * i));
+  const uint32_t crc = Crc32c(entry.data() + 24, entry.size() - 24);
+  for (int i = 0; i < 4; ++i) entry[12 + i] = static_cast<char>(crc >> (8 * i));
+  return entry;
+}
+
+TEST(DiskEntryTest, AFieldLongerThanWhatRemainsIsRefused) {
+  const CompiledKernel k = RandomKernel(64 + Rng()() % 512);
+  const std::string bytes = SerializeEntry(k);
+  const size_t payload = bytes.size() - 24;
+  ASSERT_TRUE(ParseEntry(WithU64(bytes, 24, k.key.size()), k.key).ok());  // the helper is sound
+  struct Case {
+    const char* field;
+    size_t offset;   // of the field's length
+    uint64_t claim;  // more than remains after the length, but within the payload
+  };
+  const size_t cubin_at = bytes.size() - k.cubin.size() - 8;  // the last field
+  const Case cases[] = {
+      {"key", 24, payload - 8 + 1 + Rng()() % 8},
+      {"cubin", cubin_at, k.cubin.size() + 1},
+      {"cubin", cubin_at, payload},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.field, " claims ", c.claim));
+    ASSERT_LE(c.claim, payload);
+    const std::string bad = WithU64(bytes, c.offset, c.claim);
+    // Within a longer buffer, so that a parser reading past the entry reads zeros of ours, and
+    // fails this test rather than the process.
+    const std::string padded = bad + std::string(4096, '\0');
+    absl::StatusOr<CompiledKernel> r =
+        ParseEntry(std::string_view(padded).substr(0, bad.size()), k.key);
+    ASSERT_FALSE(r.ok());
+    EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+    EXPECT_NE(std::string(r.status().message())
+                  .find(absl::StrCat("field '", c.field, "' claims ", c.claim, " bytes")),
+              std::string::npos)
+        << r.status();
+  }
 }
 
 TEST(DiskCacheTest, WriteThenReadAndTouch) {
