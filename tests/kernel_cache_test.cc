@@ -408,6 +408,28 @@ TEST(KernelCacheTest, SizeCapEvictsLeastRecentlyUsed) {
   EXPECT_EQ(FileSize(EntryPath(dir.path(), keys[1])), -1);
 }
 
+TEST(KernelCacheTest, ACapBelowOneEntryKeepsTheEntryJustWritten) {
+  // A cap smaller than any entry (GEMVZ_CACHE_MAX_BYTES=1K) evicts every other entry, but never
+  // the one just published: without it on disk every process would compile the kernel again.
+  TempDir dir;
+  KernelCacheOptions o = StandInOptions(dir.path());
+  o.max_disk_bytes = 1;
+  KernelCache cache(o);
+  for (const KernelConfig& c : DistinctConfigs(2)) {
+    SCOPED_TRACE(c.KernelName());
+    auto k = cache.GetForConfig(c, "sm_90");
+    ASSERT_TRUE(k.ok()) << k.status();
+    EXPECT_EQ(ListFiles(dir.Join("kernels")), std::vector<std::string>{(*k)->key + ".gemvzk"});
+    // The next process (here: this one without its memory) finds it.
+    cache.DropMemoryForTesting();
+    cache.ResetCounters();
+    CacheSource source;
+    ASSERT_TRUE(cache.GetForConfig(c, "sm_90", &source).ok());
+    EXPECT_EQ(source, CacheSource::kDisk);
+    EXPECT_EQ(cache.counters().compiles, 0);
+  }
+}
+
 TEST(KernelCacheTest, InvalidConfigurationIsRefusedBeforeNvrtc) {
   TempDir dir;
   KernelCache cache(StandInOptions(dir.path()));
