@@ -304,6 +304,9 @@ TEST_F(TuningFileTest, SaveRejectsInvalidChoicesAndWritesNothing) {
       "NW >= NB is required");
   add([](TunedChoice& c) { c.format = WeightFormat::kBf16; }, "is not of the entry's format bf16");
   add([](TunedChoice& c) { c.time_us = std::nan(""); }, "time_us must be a finite number");
+  // JSON has no infinity: saved, it would be written as null, and the whole file read as corrupt.
+  add([](TunedChoice& c) { c.time_us = std::numeric_limits<double>::infinity(); },
+      "time_us must be a finite number");
   add([](TunedChoice& c) { c.time_us = -1; }, "time_us must be a finite number >= 0");
   add([](TunedChoice& c) { c.arch = ""; }, "arch is empty");
   add([](TunedChoice& c) { c.arch = "sm 90\n"; }, "is not like sm_90");
