@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gemvz/format.h"
 #include "gtest/gtest.h"
 #include "runtime/common/file_util.h"
@@ -373,6 +374,52 @@ TEST(SerializeTest, HugeLengthInACheckedHeaderIsRefusedWithoutAllocating) {
   absl::StatusOr<PackedMatrix> q = Deserialize(bytes.data(), bytes.size());
   ASSERT_FALSE(q.ok());
   EXPECT_NE(q.status().message().find("invalid"), std::string::npos) << q.status();
+}
+
+// A section record with another id, element size or a nonzero reserved word is not version 1's,
+// even under a valid header checksum. The element size matters on its own: the lengths are
+// checked with the version's sizes, so a record claiming 8-byte row offsets would otherwise load
+// as if it said 4.
+TEST(SerializeTest, SectionRecordsOtherThanVersion1sAreRefused) {
+  const PackedMatrix p = RandomValidMatrix(16, 64, FreshSeed());
+  const std::vector<uint8_t> good = Serialize(p);
+  const char* const names[6] = {"weights",             "row_offsets", "entries",
+                                "dense_block_offsets", "dense_rows",  "dense_values"};
+  const uint32_t sizes[6] = {1, 4, 8, 4, 1, 2};
+  for (int section = 0; section < 6; ++section) {
+    const size_t record = 48 + 24 * section;
+    struct Field {
+      size_t offset;  // in the record: 0 id, 4 element size, 20 reserved
+      uint32_t value;
+    };
+    std::vector<Field> fields = {{0, static_cast<uint32_t>(section + 2)}, {0, 0}, {20, 1}};
+    for (uint32_t size : {0u, 1u, 2u, 3u, 4u, 8u, 16u, 0xFFFFFFFFu}) {
+      if (size != sizes[section]) fields.push_back({4, size});
+    }
+    for (const Field& f : fields) {
+      std::vector<uint8_t> bytes = good;
+      std::memcpy(bytes.data() + record + f.offset, &f.value, 4);
+      FixHeaderCrc(bytes);
+      absl::StatusOr<PackedMatrix> q = Deserialize(bytes.data(), bytes.size());
+      ASSERT_FALSE(q.ok()) << names[section] << ": " << f.value << " at " << f.offset;
+      EXPECT_EQ(q.status().code(), absl::StatusCode::kDataLoss) << q.status();
+      EXPECT_NE(q.status().message().find(absl::StrCat("section record ", section, " is not the '",
+                                                       names[section], "' section")),
+                std::string::npos)
+          << q.status();
+    }
+  }
+  // The same through Load, which names the file.
+  const std::string path = MakeTempDir("serialize_test") + "/record.gemvz";
+  std::vector<uint8_t> bytes = good;
+  const uint32_t eight = 8;
+  std::memcpy(bytes.data() + 48 + 24 * 1 + 4, &eight, 4);  // row_offsets as 8-byte elements
+  FixHeaderCrc(bytes);
+  WriteBytes(path, bytes.data(), bytes.size());
+  absl::StatusOr<PackedMatrix> q = Load(path);
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.status().message().find(path), std::string::npos) << q.status();
+  EXPECT_NE(q.status().message().find("'row_offsets' section"), std::string::npos) << q.status();
 }
 
 TEST(SerializeTest, TrailingBytesAreRefused) {
