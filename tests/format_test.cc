@@ -1,5 +1,6 @@
 // The 12-bit format on the host: bit-exact round trips, the emulated device decoder, the exact
 // corrections (residual case included), compact exception storage and every refusal.
+#include <algorithm>
 #include <cfenv>
 #include <chrono>
 #include <cmath>
@@ -178,12 +179,21 @@ TEST(Format, GroupMajorOrderMovesWholeUnits) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
-  // (The last is 21 MB: ToGroupMajor then splits the groups between threads.)
+  // ToGroupMajor copies with min(groups, cores, 16, bytes / 16 MiB) threads, each a contiguous
+  // range of groups. The last case is 48 MiB (bytes >> 24 == 3) of 257 groups, which do not
+  // divide evenly: three threads where there are three cores, two on a two-core machine; the
+  // smaller cases take one.
+  int64_t most_threads = 1;  // what the cases would use with cores enough
   for (const auto [rows, cols] : {std::pair<int64_t, int64_t>{16, 64}, {48, 64}, {16, 320},
-                                  {80, 448}, {2048, 7168}}) {
+                                  {80, 448}, {2048, 7168}, {2048, 257 * 64}}) {
     const int64_t blocks = rows / 16, groups = cols / 64;
     std::vector<uint8_t> w(static_cast<size_t>(blocks * groups * kGroupBytes));
-    for (uint8_t& byte : w) byte = static_cast<uint8_t>(rng());
+    for (size_t i = 0; i < w.size(); i += 8) {
+      const uint64_t r = rng();
+      std::memcpy(w.data() + i, &r, std::min<size_t>(8, w.size() - i));
+    }
+    most_threads = std::max<int64_t>(
+        most_threads, std::min<int64_t>({groups, 16, static_cast<int64_t>(w.size() >> 24)}));
     std::vector<uint8_t> gm(w.size());
     internal::ToGroupMajor(w.data(), rows, cols, gm.data());
     for (int64_t b = 0; b < blocks; ++b) {
@@ -195,6 +205,7 @@ TEST(Format, GroupMajorOrderMovesWholeUnits) {
       }
     }
   }
+  EXPECT_GE(most_threads, 3) << "no case splits the copy between threads any more";
 }
 
 TEST(Format, PrmtAndLop3FollowPtx) {
