@@ -337,6 +337,37 @@ TEST(Format, RefusesBadInput) {
   EXPECT_FALSE(Unpack(PackedMatrix{}).ok());
 }
 
+// With several packing threads each scans its own range of rows for non-finite weights; the
+// error must still name the first one in row-major order, whichever thread found it and whatever
+// the others found. Eight row blocks, a NaN (then an Inf in the same row) in block 2 and a -Inf in
+// block 6: with 2 to 8 threads the two rows are in different threads' ranges.
+TEST(Format, NamesTheFirstNonFiniteWeightWhateverTheThreads) {
+  const int64_t rows = 8 * 16, cols = 128;
+  std::vector<uint16_t> w = RandomMatrix(rows, cols, Distribution::kNormal, FreshSeed());
+  w[40 * cols + 77] = 0xFFC1;  // NaN at (40, 77)
+  w[40 * cols + 90] = 0x7F80;  // +Inf later in the same row
+  w[100 * cols + 5] = 0xFF80;  // -Inf at (100, 5)
+  for (int threads : {1, 2, 3, 4, 5, 8, 0}) {
+    PackOptions options;
+    options.threads = threads;
+    absl::Status s = Pack(w.data(), rows, cols, options).status();
+    ASSERT_FALSE(s.ok()) << threads << " threads";
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("(row 40, col 77) is NaN"), std::string::npos)
+        << threads << " threads: " << s;
+  }
+  // Without the NaN the -Inf is the first.
+  w[40 * cols + 77] = 0x3C00;
+  w[40 * cols + 90] = 0x3C00;
+  for (int threads : {1, 4, 8}) {
+    PackOptions options;
+    options.threads = threads;
+    absl::Status s = Pack(w.data(), rows, cols, options).status();
+    EXPECT_NE(s.message().find("(row 100, col 5) is -Inf"), std::string::npos)
+        << threads << " threads: " << s;
+  }
+}
+
 // A caller running with flush-to-zero / denormals-are-zero (torch.set_flush_denormal(True), a
 // -ffast-math binary) still gets every subnormal weight back: Pack refused such matrices ("self-
 // check failed") and Unpack silently turned subnormals into zeros.
