@@ -61,6 +61,20 @@ std::string PodBytes(const std::vector<T>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
 }
 
+// Every field, the doubles bit for bit: the metadata's JSON carries them exactly.
+void ExpectSameStats(const PackStats& a, const PackStats& b, const std::string& what) {
+  EXPECT_EQ(a.weights, b.weights) << what;
+  EXPECT_EQ(a.outside_window, b.outside_window) << what;
+  EXPECT_EQ(a.sparse_entries, b.sparse_entries) << what;
+  EXPECT_EQ(a.residual_entries, b.residual_entries) << what;
+  EXPECT_EQ(a.dense_rows, b.dense_rows) << what;
+  EXPECT_EQ(a.total_bytes, b.total_bytes) << what;
+  EXPECT_EQ(a.padded_table_bytes, b.padded_table_bytes) << what;
+  EXPECT_EQ(a.bits_per_weight, b.bits_per_weight) << what;
+  EXPECT_EQ(a.exception_rate, b.exception_rate) << what;
+  EXPECT_EQ(a.window_coverage, b.window_coverage) << what;
+}
+
 void WriteCheckpoint(const std::string& path, const std::vector<Tensor>& ts,
                      const std::map<std::string, std::string>& meta = {{"format", "pt"}}) {
   std::vector<SafetensorsEntry> bound;
@@ -191,7 +205,9 @@ TEST(CheckpointTest, PacksVerifiesAndReloadsASyntheticCheckpoint) {
   }
   ASSERT_EQ(report->tensors.size(), expected.size());
   int64_t packed = 0;
+  std::map<std::string, const TensorPackReport*> reported;
   for (const TensorPackReport& r : report->tensors) {
+    reported[r.name] = &r;
     const Tensor& t = *expected.at(r.name);
     EXPECT_EQ(r.packed, t.expect_packed) << r.name << ": " << r.skip_reason;
     EXPECT_TRUE(r.verified) << r.name;
@@ -246,6 +262,7 @@ TEST(CheckpointTest, PacksVerifiesAndReloadsASyntheticCheckpoint) {
   absl::StatusOr<PackedCheckpoint> ckpt = PackedCheckpoint::Open(out);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   ASSERT_EQ(ckpt->tensors().size(), expected.size());
+  bool tables_reported = false;
   for (const TensorInfo& info : ckpt->tensors()) {
     ASSERT_TRUE(expected.count(info.name)) << "unexpected tensor " << info.name;
     const Tensor& t = *expected.at(info.name);
@@ -256,6 +273,10 @@ TEST(CheckpointTest, PacksVerifiesAndReloadsASyntheticCheckpoint) {
       absl::StatusOr<PackedMatrix> p = ckpt->GetPacked(info.name);
       ASSERT_TRUE(p.ok()) << p.status();
       EXPECT_EQ(p->rows, t.shape[0]);
+      // The statistics come back from the metadata as Pack computed them, the last one too
+      // (nonzero where the matrix has corrections).
+      ExpectSameStats(p->stats, reported.at(info.name)->stats, info.name);
+      tables_reported |= p->stats.padded_table_bytes > 0;
       absl::StatusOr<std::vector<uint16_t>> back = Unpack(*p);
       ASSERT_TRUE(back.ok());
       EXPECT_EQ(Bf16Bytes(*back), t.bytes) << info.name;
@@ -275,6 +296,7 @@ TEST(CheckpointTest, PacksVerifiesAndReloadsASyntheticCheckpoint) {
       EXPECT_FALSE(ckpt->GetBf16(info.name).ok());
     }
   }
+  EXPECT_TRUE(tables_reported) << "no packed tensor with corrections: padded_table_bytes untested";
   EXPECT_EQ(ckpt->Info("nope").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ckpt->GetPacked("nope").status().code(), absl::StatusCode::kNotFound);
   // One file of the directory opens on its own too.
