@@ -4,6 +4,7 @@
 #include "gemvz/checkpoint.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/checkpoint/packed_tensor.h"
@@ -577,6 +579,51 @@ TEST(CheckpointTest, PublishingIsAllOrNothing) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(ListDir(out), (std::vector<std::string>{"a.safetensors", "b.safetensors"}));
   EXPECT_TRUE(PackedCheckpoint::Open(out).ok());
+}
+
+// Verify compares every unpacked weight with the input, and a difference fails the pack before
+// anything is published. The output is hard to get wrong on purpose (its parts carry checksums,
+// which fail before any comparison), so the input changes instead: its last weight, rewritten in
+// place once the tensor is packed, when its verify begins. The packer maps the input, so it reads
+// the new value; a verify that compared only part of each slice (the last weight is in the second
+// half of the last) would let it through.
+TEST(CheckpointTest, VerifyFindsAWeightThatDiffersFromTheInput) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(seed);
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const int64_t rows = 64, cols = 256;
+  const auto w = RandomMatrix(rows, cols, Distribution::kNormal, seed);
+  const std::string in = dir + "/m.safetensors";
+  WriteCheckpoint(in, {{"w", "BF16", {rows, cols}, Bf16Bytes(w), true, ""}});
+  uint64_t last_at = 0;  // the last weight's offset in the file
+  {
+    auto f = SafetensorsFile::Open(in);
+    ASSERT_TRUE(f.ok()) << f.status();
+    ASSERT_NE((*f)->Find("w"), nullptr);
+    last_at = (*f)->data_offset() + (*f)->Find("w")->end - 2;
+  }
+  const uint16_t changed = w.back() ^ 0x0001;  // another finite value
+  CheckpointPackOptions options;
+  options.verify = true;
+  bool rewritten = false;
+  options.progress = [&](const PackProgress& p) {
+    if (rewritten || p.stage != "verify" || p.current != "w") return;
+    rewritten = true;
+    const int fd = ::open(in.c_str(), O_WRONLY | O_CLOEXEC);  // in place: the same file
+    ASSERT_GE(fd, 0) << in;
+    EXPECT_EQ(::pwrite(fd, &changed, 2, static_cast<off_t>(last_at)), 2);
+    ::close(fd);
+  };
+  absl::StatusOr<CheckpointPackReport> r = PackCheckpoint({in}, dir + "/out", options);
+  ASSERT_TRUE(rewritten) << "verify never began";
+  ASSERT_FALSE(r.ok()) << "verify missed a weight that differs from the input";
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  const std::string expected = absl::StrFormat(
+      "tensor 'w' (row %d, col %d) unpacks to BF16 0x%04x, the input holds 0x%04x", rows - 1,
+      cols - 1, w.back(), changed);
+  EXPECT_NE(r.status().message().find(expected), std::string::npos) << r.status();
+  // Nothing published, no temporary file, the directory it made taken back.
+  EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"m.safetensors"}));
 }
 
 TEST(CheckpointTest, CorruptPackedFilesAreCaught) {
