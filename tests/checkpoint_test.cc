@@ -711,6 +711,61 @@ int RunTool(const std::string& args, std::string* out, std::string* err, const s
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+// A `gemvz pack --json` report (schema gemvz.pack/1) of a pack of `shards`: every field there,
+// the totals those of the tensors, `verified` as asked.
+void ExpectPackReport(const nlohmann::json& report, const std::vector<std::vector<Tensor>>& shards,
+                      bool verified) {
+  for (const char* key : {"schema", "outputs", "input_bytes", "output_bytes", "packed_tensors",
+                          "packed_weights", "packed_input_bytes", "packed_output_bytes",
+                          "verified", "seconds", "tensors"}) {
+    EXPECT_TRUE(report.contains(key)) << "the report has no '" << key << "'";
+  }
+  EXPECT_EQ(report.value("schema", ""), "gemvz.pack/1");
+  EXPECT_EQ(report.value("verified", !verified), verified);
+  EXPECT_GE(report.value("seconds", -1.0), 0.0);
+  std::map<std::string, const Tensor*> expected;
+  for (const auto& s : shards) {
+    for (const auto& t : s) expected[t.name] = &t;
+  }
+  const nlohmann::json tensors = report.value("tensors", nlohmann::json::array());
+  ASSERT_EQ(tensors.size(), expected.size());
+  int64_t input = 0, packed = 0, packed_weights = 0, packed_input = 0, packed_output = 0;
+  for (const nlohmann::json& t : tensors) {
+    for (const char* key : {"name", "file", "dtype", "shape", "packed", "input_bytes",
+                            "output_bytes", "seconds", "verified"}) {
+      EXPECT_TRUE(t.contains(key)) << "no '" << key << "' in " << t.dump();
+    }
+    const std::string name = t.value("name", "");
+    ASSERT_TRUE(expected.count(name)) << t.dump();
+    const Tensor& e = *expected.at(name);
+    EXPECT_EQ(t.value("dtype", ""), e.dtype) << name;
+    EXPECT_EQ(t.value("shape", std::vector<int64_t>{-1}), e.shape) << name;
+    EXPECT_EQ(t.value("packed", !e.expect_packed), e.expect_packed) << name;
+    EXPECT_EQ(t.value("verified", !verified), verified) << name;
+    const int64_t bytes = t.value("input_bytes", int64_t{-1});
+    EXPECT_EQ(bytes, static_cast<int64_t>(e.bytes.size())) << name;
+    input += bytes;
+    if (e.expect_packed) {
+      for (const char* key : {"bits_per_weight", "exception_rate", "window_coverage",
+                              "outside_window", "sparse_entries", "residual_entries",
+                              "dense_rows", "padded_table_bytes"}) {
+        EXPECT_TRUE(t.contains(key)) << "no '" << key << "' in " << t.dump();
+      }
+      ++packed;
+      packed_weights += e.shape[0] * e.shape[1];
+      packed_input += bytes;
+      packed_output += t.value("output_bytes", int64_t{-1});
+    } else {
+      EXPECT_NE(t.value("skip_reason", "").find(e.expect_reason), std::string::npos) << t.dump();
+    }
+  }
+  EXPECT_EQ(report.value("input_bytes", int64_t{-1}), input);
+  EXPECT_EQ(report.value("packed_tensors", int64_t{-1}), packed);
+  EXPECT_EQ(report.value("packed_weights", int64_t{-1}), packed_weights);
+  EXPECT_EQ(report.value("packed_input_bytes", int64_t{-1}), packed_input);
+  EXPECT_EQ(report.value("packed_output_bytes", int64_t{-1}), packed_output);
+}
+
 TEST(CheckpointTest, CommandLine) {
   if (ToolPath().empty() || ::access(ToolPath().c_str(), X_OK) != 0) {
     GTEST_SKIP() << "the gemvz CLI was not built";
@@ -732,9 +787,14 @@ TEST(CheckpointTest, CommandLine) {
   EXPECT_NE(out.find("every bit matches"), std::string::npos) << out;
   EXPECT_NE(err.find("100%"), std::string::npos) << err;
   const nlohmann::json report = nlohmann::json::parse(ReadAll(dir + "/report.json"));
-  EXPECT_EQ(report["schema"], "gemvz.pack/1");
-  EXPECT_EQ(report["packed_tensors"], 4);
-  EXPECT_EQ(report["tensors"].size(), 15u);
+  ExpectPackReport(report, shards, true);
+  EXPECT_EQ(report.value("outputs", nlohmann::json()),
+            nlohmann::json({dir + "/packed/a.safetensors", dir + "/packed/b.safetensors"}));
+  int64_t file_bytes = 0;
+  for (const char* name : {"/packed/a.safetensors", "/packed/b.safetensors"}) {
+    file_bytes += static_cast<int64_t>(ReadAll(dir + name).size());
+  }
+  EXPECT_EQ(report.value("output_bytes", int64_t{-1}), file_bytes);
   EXPECT_TRUE(PackedCheckpoint::Open(dir + "/packed").ok());
 
   // A bad input: exit 1, the file named, nothing written.
@@ -769,6 +829,8 @@ TEST(CheckpointTest, CommandLine) {
                &out, &err, dir);
   EXPECT_EQ(rc, 0) << err;
   EXPECT_EQ(ListDir(dir + "/packed5"), (std::vector<std::string>{"a.safetensors", "report.json"}));
+  ExpectPackReport(nlohmann::json::parse(ReadAll(dir + "/packed5/report.json")), {shards[0]},
+                   false);  // without --verify
   // Usage errors: exit 2.
   EXPECT_EQ(RunTool("pack " + dir + "/a.safetensors", &out, &err, dir), 2);
   EXPECT_NE(err.find("-o"), std::string::npos) << err;
