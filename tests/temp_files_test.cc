@@ -1,7 +1,7 @@
 // Tests of the registry of live temporary files that a signal handler empties: registered files
-// are removed and released ones kept, the writers register theirs, a full registry degrades to
-// registering nothing, and a handler racing with registrations never removes a path that was not
-// registered whole.
+// are removed and released ones kept, the writers register theirs (and remove them themselves when
+// they fail), a full registry degrades to registering nothing, and a handler racing with
+// registrations never removes a path that was not registered whole.
 #include "runtime/common/temp_files.h"
 
 #include <unistd.h>
@@ -23,6 +23,7 @@ namespace {
 using ::gemvz::testing::Exists;
 using ::gemvz::testing::ListDir;
 using ::gemvz::testing::MakeTempDir;
+using ::gemvz::testing::ReadAll;
 using ::gemvz::testing::WriteAll;
 
 
@@ -111,6 +112,29 @@ TEST(TempFilesTest, TheWritersRegisterTheirTemporaryFilesWhileTheyLive) {
   ASSERT_TRUE(AtomicWriteFile(dir + "/g", "g").ok());
   UnlinkTempFilesForSignal();
   EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"g", "p.safetensors"}));
+}
+
+// Without a signal, a writer whose producer fails removes its temporary file itself: the test
+// above empties the registry first, which would hide a writer that left it behind.
+TEST(TempFilesTest, AWriterWhoseProducerFailsRemovesItsTemporaryFileItself) {
+  const std::string dir = MakeTempDir("temp_files_test");
+  WriteAll(dir + "/old", "old");  // published before: a failed write must leave it as it was
+  for (const std::string name : {"new", "old"}) {
+    std::string temp;
+    const absl::Status st = AtomicWriteFileStreamed(dir + "/" + name, [&](const auto& sink) {
+      for (const std::string& n : ListDir(dir)) {
+        if (n.rfind(name + ".tmp.", 0) == 0) temp = dir + "/" + n;
+      }
+      EXPECT_TRUE(sink("partial", 7).ok());
+      return absl::DataLossError("the producer failed");
+    });
+    EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+    EXPECT_NE(st.message().find("the producer failed"), std::string::npos) << st;
+    ASSERT_FALSE(temp.empty()) << name << ": no temporary file while producing";
+    EXPECT_FALSE(Exists(temp)) << name;
+    EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"old"})) << name;
+    EXPECT_EQ(ReadAll(dir + "/old"), "old");
+  }
 }
 
 TEST(TempFilesTest, AHandlerRacingWithRegistrationsRemovesOnlyWholePaths) {
