@@ -1,12 +1,15 @@
 // Tests of publishing several files together (RenameAllOrNothing): all new files in place on
 // success, and on any failure every name as it was, replaced files' old bytes included, with no
-// backup left behind.
+// backup left behind; also where link(2) fails, as on a file system without hard links.
 #include "runtime/common/file_util.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,10 @@ using ::gemvz::testing::ListDir;
 using ::gemvz::testing::MakeTempDir;
 using ::gemvz::testing::ReadAll;
 using ::gemvz::testing::WriteAll;
+
+// While set, link(2) fails in this binary as on a file system without hard links (below).
+std::atomic<bool> no_hard_links{false};
+std::atomic<int> failed_links{0};
 
 TEST(RenameAllOrNothingTest, PublishesEveryFileAndReplacesOldOnes) {
   const std::string dir = MakeTempDir("file_util_test");
@@ -111,6 +118,38 @@ TEST(RenameAllOrNothingTest, TheSameTargetTwiceIsRefused) {
   EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"a.tmp", "b.tmp"}));
 }
 
+// Where link(2) fails (EPERM: a file system without hard links), the old file is renamed aside
+// instead, and its name is empty until the publish ends; a failed publish must rename it back.
+// Unlinking the backup as if it were a second link, as when link(2) works, would lose the only
+// copy.
+TEST(RenameAllOrNothingTest, WithoutHardLinksTheOldFilesAreMovedAsideAndBack) {
+  const std::string dir = MakeTempDir("file_util_test");
+  no_hard_links = true;
+  failed_links = 0;
+  // a replaces an old file, b is new: published, with no backup left.
+  WriteAll(dir + "/a", "old a");
+  WriteAll(dir + "/a.tmp", "new a");
+  WriteAll(dir + "/b.tmp", "new b");
+  absl::Status st =
+      RenameAllOrNothing({{dir + "/a.tmp", dir + "/a"}, {dir + "/b.tmp", dir + "/b"}});
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(ReadAll(dir + "/a"), "new a");
+  EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"a", "b"}));
+  // a and c replace old files, both moved aside; c's rename fails after a's has been made.
+  WriteAll(dir + "/a", "old a");
+  WriteAll(dir + "/c", "old c");
+  WriteAll(dir + "/a.tmp", "newer a");
+  st = RenameAllOrNothing({{dir + "/a.tmp", dir + "/a"}, {dir + "/c.tmp", dir + "/c"}});
+  no_hard_links = false;
+  EXPECT_GE(failed_links, 3) << "link(2) was not replaced: nothing was tested";
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("cannot rename '" + dir + "/c.tmp'"), std::string::npos) << st;
+  EXPECT_EQ(st.message().find("rolling back failed"), std::string::npos) << st;
+  EXPECT_EQ(ReadAll(dir + "/a"), "old a");
+  EXPECT_EQ(ReadAll(dir + "/c"), "old c") << "the only copy of the old c is lost";
+  EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"a", "b", "c"}));
+}
+
 // A file name near NAME_MAX (255 bytes) is a valid name; its temporary and backup names beside
 // it must be valid too, so that writing it and replacing it work.
 TEST(SiblingPathTest, NamesNearNameMaxStillWriteAndReplace) {
@@ -135,3 +174,15 @@ TEST(SiblingPathTest, NamesNearNameMaxStillWriteAndReplace) {
 
 }  // namespace
 }  // namespace gemvz::internal
+
+// link(2) for the whole test binary, RenameAllOrNothing's call included (the library is linked in
+// statically, or resolves the symbol to the executable's): the real one, through linkat(2),
+// unless a test asks for a file system without hard links.
+extern "C" int link(const char* from, const char* to) noexcept {
+  if (gemvz::internal::no_hard_links) {
+    ++gemvz::internal::failed_links;
+    errno = EPERM;
+    return -1;
+  }
+  return ::linkat(AT_FDCWD, from, AT_FDCWD, to, 0);
+}
