@@ -188,6 +188,7 @@ TEST(SequenceReport, TableAndJsonCarryEveryPathAndTheSpeedups) {
   const std::string table = FormatSequenceTable({c, wrong});
   EXPECT_NE(table.find("1.500x"), std::string::npos) << table;  // 120 / 80
   EXPECT_NE(table.find("1.600x"), std::string::npos) << table;  // 120 / 75
+  EXPECT_NE(table.find("1.067x"), std::string::npos) << table;  // PDL gain: 80 / 75, above 1x
   EXPECT_NE(table.find("WRONG"), std::string::npos) << table;
 
   BenchEnvironment env;
@@ -207,6 +208,7 @@ TEST(SequenceReport, TableAndJsonCarryEveryPathAndTheSpeedups) {
   EXPECT_DOUBLE_EQ(doc["cases"][0]["time_us"]["z12_pdl"].get<double>(), 75);
   EXPECT_DOUBLE_EQ(doc["cases"][0]["time_us"]["plain_pdl"].get<double>(), 105);
   EXPECT_DOUBLE_EQ(doc["cases"][0]["speedup_vs_cublas"]["z12"].get<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(doc["cases"][0]["speedup_vs_cublas"]["z12_pdl"].get<double>(), 1.6);
   EXPECT_TRUE(doc["ok"].get<bool>());
   EXPECT_FALSE(SequenceReportToJson(env, shapes, {c, wrong})["ok"].get<bool>());
   EXPECT_FALSE(SequenceReportToJson(env, shapes, {})["ok"].get<bool>());  // nothing measured
@@ -491,6 +493,16 @@ TEST(GeoMeans, OfSpeedupsAndCeilingShares) {
               std::sqrt(cases[0].PercentOfCeiling(cases[0].z12) *
                         cases[1].PercentOfCeiling(cases[1].z12)),
               1e-9);
+  // Each path's share of the ceiling is its own: plain and cuBLAS move other bytes in other
+  // times than z12, so a mean taken over the wrong path's shares differs.
+  EXPECT_NEAR(g.pct_ceiling_plain,
+              std::sqrt(cases[0].PercentOfCeiling(cases[0].plain) *
+                        cases[1].PercentOfCeiling(cases[1].plain)),
+              1e-9);
+  EXPECT_NEAR(g.pct_ceiling_cublas,
+              std::sqrt(cases[0].PercentOfCeiling(cases[0].cublas) *
+                        cases[1].PercentOfCeiling(cases[1].cublas)),
+              1e-9);
   EXPECT_EQ(g.bound_count, 2);
   EXPECT_NEAR(g.bound_vs_cublas, std::sqrt(40 / 8.125 * 2.5 / 8.125), 1e-12);
   EXPECT_NEAR(g.pct_bound_z12, 81.25, 1e-9);
@@ -502,6 +514,18 @@ TEST(GeoMeans, OfSpeedupsAndCeilingShares) {
   EXPECT_EQ(h.count, 2);
   EXPECT_EQ(h.bound_count, 1);
   EXPECT_NEAR(h.bound_vs_cublas, 40 / 8.125, 1e-12);
+  // Both bound means divide by the cases with a bound, not by every case.
+  EXPECT_NEAR(h.pct_bound_z12, 81.25, 1e-9);
+  // A case whose probe was not timed has no ceiling: it stays out of every mean, rather than
+  // putting log(0) into the ceiling shares (which would read 0 %) and its speedups into the rest.
+  std::vector<BenchCase> one_unprobed = cases;
+  one_unprobed.push_back(FakeCase(s, 16, 10, 40, 80, 10));
+  one_unprobed.back().probe = {};
+  const GeoMeans u = ComputeGeoMeans(one_unprobed);
+  EXPECT_EQ(u.count, 2);
+  EXPECT_NEAR(u.speedup_vs_cublas, g.speedup_vs_cublas, 1e-12);
+  EXPECT_NEAR(u.pct_ceiling_z12, g.pct_ceiling_z12, 1e-9);
+  EXPECT_NEAR(u.pct_ceiling_plain, g.pct_ceiling_plain, 1e-9);
 }
 
 TEST(FormatBenchTable, HasEveryCaseAndTheMeans) {
@@ -540,6 +564,12 @@ TEST(BenchReportToJson, FollowsTheDocumentedSchema) {
                   FakeCase(SuiteShapes()[6], 16, 100, 130, 135, 120)};
   report.cases[1].weight_format = "bf16";
   report.cases[1].fallback_reason = "a reason";
+  // The probes name the fastest form of the read kernel (bench fills it in; without a GPU only
+  // this test sees the field).
+  for (BenchCase& c : report.cases) {
+    c.probe.kernel = ProbeForms()[1].Name();
+    c.probe_z12.kernel = ProbeForms()[0].Name();
+  }
 
   const nlohmann::json doc = BenchReportToJson(report);
   EXPECT_EQ(doc["schema"], "gemvz.bench/1");
@@ -583,7 +613,10 @@ TEST(BenchReportToJson, FollowsTheDocumentedSchema) {
       const bool probe = std::string(path).rfind("probe", 0) == 0;
       EXPECT_EQ(p.contains("check_ok"), !probe) << path;
       EXPECT_EQ(p.contains("max_err_ratio"), !probe) << path;
+      EXPECT_EQ(p.contains("kernel"), probe) << path;
     }
+    EXPECT_EQ(j["paths"]["probe"]["kernel"], c.probe.kernel);
+    EXPECT_EQ(j["paths"]["probe_z12"]["kernel"], c.probe_z12.kernel);
     EXPECT_DOUBLE_EQ(j["paths"]["z12"]["time_us"].get<double>(), c.z12.time_us);
     EXPECT_EQ(j["paths"]["z12"]["bytes"], c.z12.bytes);
     EXPECT_DOUBLE_EQ(j["paths"]["z12"]["tbps"].get<double>(), c.z12.TeraBytesPerSecond());
