@@ -170,6 +170,10 @@ TEST_F(CliTest, UnknownFlagsAndBadValuesFail) {
     const Result rotate = Run(Args(name, {"--rotate_mb=0"}));
     EXPECT_EQ(rotate.rc, 2) << name;
     EXPECT_CONTAINS(rotate.err, "bad --rotate_mb=0");
+    // A timed graph of no launches would time nothing, and the time per call divides by it.
+    const Result launches = Run(Args(name, {"--launches=0"}));
+    EXPECT_EQ(launches.rc, 2) << name << ": " << launches.err;
+    EXPECT_CONTAINS(launches.err, "bad --launches=0");
     const Result extra = Run({name, "stray"});
     EXPECT_EQ(extra.rc, 2) << name;
     EXPECT_CONTAINS(extra.err, "unexpected argument 'stray'");
