@@ -71,10 +71,18 @@ TEST_F(ToolTest, WarmupTwiceThenAllHits) {
   ASSERT_TRUE(json.ok());
   EXPECT_NE(json->find("\"compiled\": 2"), std::string::npos) << *json;
 
-  RunResult second = Run(absl::StrCat("warmup --arch=sm_90 --configs=", tmp_.Join("configs.txt")),
+  EXPECT_NE(json->find("\"hits\": 0"), std::string::npos) << *json;
+
+  RunResult second = Run(absl::StrCat("warmup --arch=sm_90 --configs=", tmp_.Join("configs.txt"),
+                                      " --json=", tmp_.Join("w2.json")),
                          cache.path(), "GEMVZ_LOG=1");
   ASSERT_EQ(second.code, 0) << second.out << second.err;
   EXPECT_NE(second.out.find("0 compiled, 2 hits (all hits)"), std::string::npos) << second.out;
+  // The report counts what the run did, as the summary line does: here every kernel a hit.
+  json = internal::ReadFile(tmp_.Join("w2.json"));
+  ASSERT_TRUE(json.ok());
+  EXPECT_NE(json->find("\"compiled\": 0"), std::string::npos) << *json;
+  EXPECT_NE(json->find("\"hits\": 2"), std::string::npos) << *json;
   EXPECT_EQ(CountOccurrences(second.err, "jit: disk hit"), 2) << second.err;
   EXPECT_EQ(CountOccurrences(second.err, "jit: compiled"), 0) << second.err;
 
@@ -98,6 +106,12 @@ TEST_F(ToolTest, BadConfigurationLineIsNamed) {
   RunResult both =
       Run(absl::StrCat("warmup --all_default --configs=", tmp_.Join("bad.txt")), cache.path());
   EXPECT_EQ(both.code, 2);
+  // A file with no configuration in it (comments and blank lines) is a mistake, not a warm-up of
+  // nothing that succeeds.
+  ASSERT_TRUE(internal::AtomicWriteFile(tmp_.Join("empty.txt"), "# nothing yet\n\n").ok());
+  RunResult empty = Run(absl::StrCat("warmup --configs=", tmp_.Join("empty.txt")), cache.path());
+  EXPECT_EQ(empty.code, 2) << empty.out << empty.err;
+  EXPECT_NE(empty.err.find("empty.txt: no configurations in it"), std::string::npos) << empty.err;
   RunResult arch = Run("warmup --arch=sm90 z12.nw4.ug1.nb1.pipe0", cache.path());
   EXPECT_EQ(arch.code, 2);
   EXPECT_NE(arch.err.find("sm90"), std::string::npos) << arch.err;
@@ -127,6 +141,19 @@ TEST_F(ToolTest, CacheListVerifyPruneClear) {
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.out.find("BAD"), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("checksum"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("2 entries checked in " + cache.path() + ": 1 valid, 1 invalid"),
+            std::string::npos)
+      << bad.out;
+  // list shows the bad entry too, and its JSON marks it invalid with the reason.
+  RunResult listed = Run("cache list --json=" + tmp_.Join("list.json"), cache.path());
+  EXPECT_EQ(listed.code, 0) << listed.err;
+  EXPECT_NE(listed.out.find("2 entries"), std::string::npos) << listed.out;
+  EXPECT_NE(listed.out.find("1 invalid"), std::string::npos) << listed.out;
+  auto list_json = internal::ReadFile(tmp_.Join("list.json"));
+  ASSERT_TRUE(list_json.ok());
+  EXPECT_EQ(CountOccurrences(*list_json, "\"valid\": false"), 1) << *list_json;
+  EXPECT_EQ(CountOccurrences(*list_json, "\"valid\": true"), 1) << *list_json;
+  EXPECT_NE(list_json->find("checksum"), std::string::npos) << *list_json;
   EXPECT_EQ(ListFiles(cache.Join("kernels")).size(), 2u) << "verify alone removes nothing";
   RunResult fixed = Run("cache verify --cache_remove_bad", cache.path());
   EXPECT_EQ(fixed.code, 1);
