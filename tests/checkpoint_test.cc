@@ -788,6 +788,13 @@ TEST(CheckpointTest, CommandLine) {
   EXPECT_NE(err.find("100%"), std::string::npos) << err;
   const nlohmann::json report = nlohmann::json::parse(ReadAll(dir + "/report.json"));
   ExpectPackReport(report, shards, true);
+  // The total line's bits per weight are the packed tensors' output bytes over their weights
+  // (about 12.x, not the 16 of their BF16 input), as the JSON report's fields give them.
+  const double bits = 8.0 * report.value("packed_output_bytes", int64_t{0}) /
+                      report.value("packed_weights", int64_t{1});
+  EXPECT_LT(bits, 16.0);
+  EXPECT_NE(out.find(absl::StrFormat(", %.4f bits per weight, ", bits)), std::string::npos)
+      << out;
   EXPECT_EQ(report.value("outputs", nlohmann::json()),
             nlohmann::json({dir + "/packed/a.safetensors", dir + "/packed/b.safetensors"}));
   int64_t file_bytes = 0;
