@@ -773,16 +773,36 @@ TEST(Gemv, StreamOfAnotherDevice) {
   api.cuStreamDestroy(stream1);
 }
 
+// GEMVZ_AUTOTUNE=1 with at most `max` candidates, a tuning file in a temporary directory (not
+// the user's), and nothing this process tuned before. On the way out, also when an assertion
+// returns early: no candidate hook, nothing remembered, and the tuning file read afresh from the
+// environment's path by later tests.
+struct ScopedAutotune {
+  explicit ScopedAutotune(const char* max)
+      : file(dir.path() + "/tuning.json"),
+        autotune("GEMVZ_AUTOTUNE", "1"),
+        cap("GEMVZ_AUTOTUNE_MAX", max),
+        tuning_file("GEMVZ_TUNING_FILE", file) {
+    internal::InvalidateTuningFileCache();
+    internal::ForgetAutotunedForTesting();
+  }
+  ~ScopedAutotune() {
+    internal::SetAutotuneCandidateHookForTesting(nullptr);
+    internal::ForgetAutotunedForTesting();
+    internal::InvalidateTuningFileCache();
+  }
+  jit_test::TempDir dir;
+  const std::string file;
+  jit_test::ScopedEnv autotune, cap, tuning_file;
+};
+
 // GEMVZ_AUTOTUNE=1: on the first call for a shape that no table knows, Gemv times candidates on
 // the real matrix, runs the winner (right results), and saves it to the tuning file, where the
 // dispatcher, like a later process, finds it.
 TEST(Gemv, AutotuneOnFirstUsePersistsTheWinner) {
   GEMVZ_REQUIRE_GPU();
-  jit_test::TempDir dir;
-  const std::string file = dir.path() + "/tuning.json";
-  jit_test::ScopedEnv autotune("GEMVZ_AUTOTUNE", "1"), cap("GEMVZ_AUTOTUNE_MAX", "6"),
-      tuning_file("GEMVZ_TUNING_FILE", file);
-  internal::InvalidateTuningFileCache();  // read the (absent) temporary file, not the user's
+  const ScopedAutotune tuning("6");
+  const std::string& file = tuning.file;
   const uint64_t seed = FreshSeed();
   const int64_t n = 3072, k = 2048, m = 5;  // no table has 3072x2048
   const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
@@ -803,19 +823,14 @@ TEST(Gemv, AutotuneOnFirstUsePersistsTheWinner) {
   EXPECT_EQ(after->source, "tuning-file");
   EXPECT_EQ(after->config, entry.config);
   EXPECT_EQ(p.Check(m, {}, seed + 1), "");  // and again, from the file's choice
-  internal::InvalidateTuningFileCache();    // later tests read the environment's file again
 }
 
 // A candidate that fails is skipped and the rest still tune; when every candidate fails, Gemv
 // runs the dispatcher's plan, warns once, and does not tune that shape again in the process.
 TEST(Gemv, AutotuneSkipsFailingCandidatesAndRemembersAFailure) {
   GEMVZ_REQUIRE_GPU();
-  jit_test::TempDir dir;
-  const std::string file = dir.path() + "/tuning.json";
-  jit_test::ScopedEnv autotune("GEMVZ_AUTOTUNE", "1"), cap("GEMVZ_AUTOTUNE_MAX", "5"),
-      tuning_file("GEMVZ_TUNING_FILE", file);
-  internal::InvalidateTuningFileCache();
-  internal::ForgetAutotunedForTesting();
+  const ScopedAutotune tuning("5");
+  const std::string& file = tuning.file;
   const uint64_t seed = FreshSeed();
   const int64_t n = 2560, k = 2048, m = 3;  // no table has 2560x2048
   const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
@@ -864,8 +879,6 @@ TEST(Gemv, AutotuneSkipsFailingCandidatesAndRemembersAFailure) {
   ASSERT_EQ(saved->size(), 1u);
   ASSERT_TRUE(failed.has_value());
   EXPECT_NE((*saved)[0].config, *failed);
-  internal::ForgetAutotunedForTesting();
-  internal::InvalidateTuningFileCache();
 }
 
 // Another thread captures a graph of its own stream in the default (global) mode while this one
@@ -875,11 +888,7 @@ TEST(Gemv, AutotuneSkipsFailingCandidatesAndRemembersAFailure) {
 TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   GEMVZ_REQUIRE_GPU();
   const auto& api = **internal::Driver();
-  jit_test::TempDir dir;
-  jit_test::ScopedEnv autotune("GEMVZ_AUTOTUNE", "1"), cap("GEMVZ_AUTOTUNE_MAX", "4"),
-      tuning_file("GEMVZ_TUNING_FILE", dir.path() + "/tuning.json");
-  internal::InvalidateTuningFileCache();
-  internal::ForgetAutotunedForTesting();
+  const ScopedAutotune tuning("4");
   const uint64_t seed = FreshSeed();
   const Problem captured = Problem::Make(1024, 4096, MixedWeights(1024, 4096, seed));
   DeviceBuffer dx(16 * 4096 * 2), dout(16 * 4096 * 2);
@@ -981,8 +990,6 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   if (graph != nullptr) api.cuGraphDestroy(graph);
   EXPECT_TRUE(ReleaseGemvWorkspace(capture_stream).ok());
   api.cuStreamDestroy(capture_stream);
-  internal::ForgetAutotunedForTesting();
-  internal::InvalidateTuningFileCache();
 }
 
 TEST(Gemv, TwoStreamsAtOnce) {
