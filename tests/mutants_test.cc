@@ -1,26 +1,21 @@
-// tools/mutants.tsv lists deliberate bugs that tools/mutation_check.sh plants one at a time on a
-// GPU machine, to check that the GPU tests catch each one. This CPU test keeps the list usable as
-// the code changes: each mutant's text occurs exactly once in its file (the script refuses one
-// that does not), its replacement differs (it may be empty: a deletion), it says what the bug is
-// and which tests should catch it, and no two mutants share a name.
+// tools/mutants.tsv lists deliberate bugs that tools/mutation_check.sh plants one at a time (the
+// kernels' on a GPU machine), to check that the tests catch each one. This CPU test keeps the
+// list usable as the code changes: each mutant's text occurs exactly once in its file (the script
+// refuses one that does not), its replacement differs (it may be empty: a deletion), it says what
+// the bug is and which tests should catch it, and no two mutants share a name.
 #include <cstddef>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_files.h"
 
 namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using ::gemvz::testing::ReadAll;
 
 TEST(Mutants, EachAppliesToExactlyOnePlace) {
   const std::string dir = GEMVZ_SOURCE_DIR;
