@@ -2,8 +2,10 @@
 # Checks that the tests catch each deliberate bug of tools/mutants.tsv: for every mutant, apply it,
 # rebuild BUILD_DIR, run its tests, name those that failed, and restore the sources. A GPU mutant
 # runs the GPU tests but the five long ones, then, if none failed, the long ones; it needs a GPU.
-# A CPU mutant runs the CPU tests its row names, anywhere. First the same tests must pass on the
-# unmutated sources (and the GPU tests must really run, not skip). Needs a configured build
+# A mutant whose tests field is gpu:REGEX runs the GPU tests REGEX matches (ctest -R), which
+# must all run, none skip, in the baseline (a 2-GPU test needs a 2-GPU machine). A CPU mutant runs
+# the CPU tests its row names, anywhere. First the same tests must pass on the unmutated sources
+# (and the GPU tests must really run, not skip). Needs a configured build
 # directory (tools/build.sh makes build/). Kernels compile into a JIT cache of the run's own.
 # Exit status: 0 every mutant caught; 1 one was not; 2 usage, no GPU, or a failing baseline.
 #
@@ -14,7 +16,7 @@
 # Logs: $GEMVZ_MUTANT_LOGS (default /tmp/gemvz-mutants), one build and one ctest log a mutant.
 set -u -o pipefail
 self=$(readlink -f "$0")
-usage() { sed -n '2,14p' "$self" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "$self" | sed 's/^# \{0,1\}//'; }
 build=""
 if [ $# -ge 1 ] && [ -d "$1" ]; then build=$(cd "$1" && pwd); fi  # before the cd below
 cd "$(dirname "$self")/.."
@@ -80,9 +82,11 @@ failed_tests() {  # the tests a ctest log lists as not passed, skipped and disab
 }
 # A mutant's tests (a GPU mutant's fast ones). A test that hangs fails at its ctest TIMEOUT
 # property (900 s, CMakeLists.txt), which --timeout would not shorten.
-run_tests() {  # run_tests gpu|REGEX LOG
+run_tests() {  # run_tests gpu|gpu:REGEX|REGEX LOG
   if [ "$1" = gpu ]; then
     (cd "$build" && ctest -j8 -R "$fast" -E "$long" > "$2" 2>&1)
+  elif [ "${1#gpu:}" != "$1" ]; then
+    (cd "$build" && ctest -j4 -R "${1#gpu:}" > "$2" 2>&1)
   else
     (cd "$build" && ctest -j"$(nproc)" -R "$1" > "$2" 2>&1)
   fi
@@ -107,6 +111,12 @@ for m in "${mutants[@]}"; do
   fi
   if [ "$t" = gpu ] && ! grep -qE 'Gemv\.EveryMFrom1To64 \.+ +Passed' "$log"; then
     echo "the GPU tests did not run (no GPU?): $log. Without a GPU, name CPU mutants (list)"
+    exit 2
+  fi
+  if [ "${t#gpu:}" != "$t" ] && grep -qE '\(Skipped\)' "$log"; then
+    echo "tests of $m skipped here, so it cannot be checked: $(grep -E '\(Skipped\)' "$log" |
+      sed -E 's/^\s+[0-9]+ - ([^ ]+).*/\1/' | tr '\n' ' ')($log; their reasons are in" \
+      "the test output). Name the mutants this machine can check (list)"
     exit 2
   fi
   echo "baseline ($t): $(grep -E 'tests passed' "$log")"
