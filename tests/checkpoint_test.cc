@@ -28,6 +28,7 @@
 #include "runtime/checkpoint/packed_tensor.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/cuda/driver.h"
+#include "tests/support/gpu_util.h"
 #include "tests/support/random_weights.h"
 #include "tests/support/temp_files.h"
 
@@ -313,19 +314,56 @@ TEST(CheckpointTest, PacksVerifiesAndReloadsASyntheticCheckpoint) {
   EXPECT_EQ(Bf16Bytes(*e), shards[0][0].bytes);
 }
 
+// A packed checkpoint's tensors on the GPU (PackedCheckpoint::GetDevice): each the tensor named
+// (two of one shape, one with an all-zero (dense) row, so that a mix-up shows), in the weight
+// order asked (UploadOptions, each order in turn: the options must reach the upload), and a GEMV
+// with it matches the double reference of the original BF16 weights, every value of its poisoned
+// output written and nothing past it.
 TEST(CheckpointTest, DeviceMatrixFromAPackedCheckpoint) {
   if (internal::DeviceCount() == 0) GTEST_SKIP() << "no GPU: DeviceMatrix::Upload needs one";
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const std::string dir = MakeTempDir("checkpoint_test");
-  const auto w = RandomMatrix(256, 512, Distribution::kNormal, FreshSeed());
-  WriteCheckpoint(dir + "/m.safetensors", {{"w", "BF16", {256, 512}, Bf16Bytes(w), true, ""}});
+  const int64_t n = 256, k = 512, m = 5;
+  const auto w = RandomMatrix(n, k, Distribution::kNormal, seed);
+  auto v = RandomMatrix(n, k, Distribution::kStudentT3, seed + 1);
+  std::fill(v.begin() + 37 * k, v.begin() + 38 * k, uint16_t{0});
+  WriteCheckpoint(dir + "/m.safetensors", {{"w", "BF16", {n, k}, Bf16Bytes(w), true, ""},
+                                           {"v", "BF16", {n, k}, Bf16Bytes(v), true, ""}});
   ASSERT_TRUE(PackCheckpoint({dir + "/m.safetensors"}, dir + "/out").ok());
   absl::StatusOr<PackedCheckpoint> ckpt = PackedCheckpoint::Open(dir + "/out");
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  absl::StatusOr<DeviceMatrix> d = ckpt->GetDevice("w");
-  ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->rows(), 256);
-  EXPECT_EQ(d->cols(), 512);
-  EXPECT_EQ(d->format(), WeightFormat::kZ12);
+  const std::vector<uint16_t> x = ::gemvz::testing::RandomActivations(m, k, seed + 2);
+  std::vector<double> ref, abs_sum;
+  constexpr uint16_t kPoison = 0x7FC1;  // a NaN
+  const int64_t guard = n + 64;          // one more token row and 64 values
+  ::gemvz::testing::DeviceBuffer dx(x.size() * 2), dout(static_cast<size_t>((m * n + guard) * 2));
+  dx.Upload(x.data(), x.size() * 2);
+  for (const auto& [name, bits] : {std::pair<const char*, const std::vector<uint16_t>*>{"w", &w},
+                                   {"v", &v}}) {
+    ::gemvz::testing::ReferenceGemv(*bits, x, m, n, k, &ref, &abs_sum);
+    for (const WeightOrder order : {WeightOrder::kBlockMajor, WeightOrder::kGroupMajor}) {
+      SCOPED_TRACE(::testing::Message() << name << ", " << OrderName(order) << "-major");
+      absl::StatusOr<DeviceMatrix> d = ckpt->GetDevice(name, 0, UploadOptions{order});
+      ASSERT_TRUE(d.ok()) << d.status();
+      EXPECT_EQ(d->rows(), n);
+      EXPECT_EQ(d->cols(), k);
+      EXPECT_EQ(d->format(), WeightFormat::kZ12);
+      EXPECT_EQ(d->device(), 0);
+      EXPECT_EQ(d->order(), order);
+      dout.Fill16(kPoison);
+      const absl::Status st = Gemv(*d, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+      std::vector<uint16_t> got(static_cast<size_t>(m * n + guard));
+      dout.Download(got.data(), got.size() * 2);
+      for (int64_t i = m * n; i < m * n + guard; ++i) {
+        ASSERT_EQ(got[i], kPoison) << "a store past the output: value " << i - m * n;
+      }
+      got.resize(static_cast<size_t>(m * n));
+      EXPECT_EQ(::gemvz::testing::CompareToReference(got, ref, abs_sum, m, n), "");
+    }
+  }
+  EXPECT_EQ(ckpt->GetDevice("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(CheckpointTest, NonFiniteWeightsAreRefusedOrKeptOnRequest) {

@@ -474,6 +474,88 @@ TEST(Gemv, Fp32OutputIsTheUnroundedSum) {
   }
 }
 
+// GemvFp32 and Gemv on fresh x (m rows) with `opt`: every FP32 output within FP32 accumulation
+// error of the double reference and rounding to the BF16 call's output, and a poisoned guard of
+// one more token row and 64 values after the FP32 output untouched. Returns the error text.
+std::string CheckFp32(const Problem& p, int64_t m, const GemvOptions& opt, uint64_t seed) {
+  const int64_t n = p.n, k = p.k, guard = n + 64;
+  const std::vector<uint16_t> x = testing::RandomActivations(m, k, seed);
+  DeviceBuffer dx(x.size() * 2), d16(static_cast<size_t>(m * n * 2)),
+      d32(static_cast<size_t>((m * n + guard) * 4));
+  dx.Upload(x.data(), x.size() * 2);
+  d16.Fill16(kPoison);
+  d32.Fill16(kPoison);  // two NaN halves: a NaN float
+  absl::Status st = GemvFp32(p.dm, dx.as<uint16_t>(), m, d32.as<float>(), nullptr, opt);
+  if (!st.ok()) return absl::StrCat("GemvFp32: ", st.message());
+  st = Gemv(p.dm, dx.as<uint16_t>(), m, d16.as<uint16_t>(), nullptr, opt);
+  if (!st.ok()) return absl::StrCat("Gemv: ", st.message());
+  std::vector<float> got32(static_cast<size_t>(m * n + guard));
+  std::vector<uint16_t> got16(static_cast<size_t>(m * n));
+  d32.Download(got32.data(), got32.size() * 4);
+  d16.Download(got16.data(), got16.size() * 2);
+  std::string err;
+  for (int64_t i = m * n; i < m * n + guard; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &got32[i], 4);
+    if (bits != 0x7FC17FC1u) {
+      err = absl::StrCat("a store past the FP32 output: value ", i - m * n, " after the last\n");
+      break;
+    }
+  }
+  std::vector<double> ref, abs_sum;
+  testing::ReferenceGemv(p.w, x, m, n, k, &ref, &abs_sum);
+  int bad = 0;
+  for (int64_t i = 0; i < m * n; ++i) {
+    const double tol = 1e-6 * std::abs(ref[i]) + std::ldexp(abs_sum[i], -16);
+    const bool wrong32 = !(std::abs(got32[i] - ref[i]) <= tol);
+    const bool unrounded = FloatToBf16(got32[i]) != got16[i];
+    if ((wrong32 || unrounded) && bad++ < 5) {
+      absl::StrAppend(&err, "out[", i / n, "][", i % n, "]: fp32 ", got32[i], ", reference ",
+                      ref[i], " (tolerance ", tol, "), bf16 bits 0x", absl::Hex(got16[i]), "\n");
+    }
+  }
+  if (bad > 0) absl::StrAppend(&err, bad, " of ", m * n, " outputs wrong\n");
+  return err;
+}
+
+// FP32 output where the launch path has more to place than one launch's rows: m above 32 in
+// chunks (40: 20 + 20; 70: 24 + 24 + 22), each chunk's rows 4 bytes a value from the
+// chunk's first row, and a forced NB 1 configuration (8 rows a launch: 13 = 8 + 5, with and
+// without split-K); and plain BF16 matrices, whose kernel takes the FP32 flag in its own
+// parameters: K a multiple of 64, and K padded (1000: x copied into the stream's zero-padded
+// buffer at its own row stride), N not a multiple of 16 (200: the fallback of FromBf16).
+TEST(Gemv, Fp32OutputInChunksAndOnThePlainPath) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Problem z = Problem::Make(512, 2048, MixedWeights(512, 2048, seed));
+  const Problem plain = Problem::Make(512, 2048, MixedWeights(512, 2048, seed + 1), true);
+  const Problem padded =
+      Problem::Make(200, 1000, testing::RandomMatrix(200, 1000, Distribution::kNormal, seed + 2));
+  ASSERT_EQ(z.dm.format(), WeightFormat::kZ12);
+  ASSERT_EQ(plain.dm.format(), WeightFormat::kBf16);
+  ASSERT_EQ(padded.dm.format(), WeightFormat::kBf16);
+  ASSERT_FALSE(padded.dm.fallback_reason().empty());
+  int run = 0;
+  for (const Problem* p : {&z, &plain, &padded}) {
+    const char* what = p == &z ? "z12" : p == &plain ? "plain" : "plain, K padded";
+    for (const int64_t m : {1, 13, 40, 70}) {
+      EXPECT_EQ(CheckFp32(*p, m, {}, seed + 10 + run++), "") << what << ", dispatcher, m=" << m;
+    }
+  }
+  for (KernelConfig c : {KernelConfig{WeightFormat::kZ12, 4, 1, 1, 3, 1},
+                         KernelConfig{WeightFormat::kZ12, 4, 1, 1, 3, 2, 2}}) {
+    c = internal::InOrder(c, z.dm.order());  // (a tuning file may make 512x2048 group-major)
+    const absl::StatusOr<GemvPlan> plan = PlanGemv(z.dm, 13, GemvOptions{c});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(plan->chunk_m, 8) << c.ToString();
+    EXPECT_EQ(CheckFp32(z, 13, GemvOptions{c}, seed + 10 + run++), "") << c.ToString();
+  }
+  const KernelConfig b{WeightFormat::kBf16, 4, 1, 1, 1, 1};
+  ASSERT_TRUE(Validate(b, GemvShape{8, 512, 2048}).ok()) << b.ToString();
+  EXPECT_EQ(CheckFp32(plain, 13, GemvOptions{b}, seed + 10 + run++), "") << b.ToString();
+}
+
 TEST(Gemv, BitwiseDeterministic) {
   GEMVZ_REQUIRE_GPU();
   const uint64_t seed = FreshSeed();
@@ -640,6 +722,92 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
   }
 
   ReplayAndCheck(g, p, x, &dout, m, 3);
+}
+
+// The flags a Gemv call gave its kernel (Z12Params or Bf16Params::flags), read from the one kernel
+// node of a graph that captured the call; -1 (with the failure recorded) when that went wrong.
+int CapturedFlags(const Problem& p, int64_t m, const GemvOptions& opt) {
+  const auto& api = **internal::Driver();
+  DeviceBuffer dx(static_cast<size_t>(m * p.k * 2)), dout(static_cast<size_t>(m * p.n * 2));
+  dx.Fill16(0x3F80);
+  testing::Synchronize();
+  CapturedGemv g;
+  Capture(p, dx, dout, m, opt, 1, &g);
+  if (::testing::Test::HasFatalFailure()) return -1;
+  size_t nodes = 1;
+  CUgraphNode node;
+  if (api.cuGraphGetNodes(g.graph, &node, &nodes) != CUDA_SUCCESS || nodes != 1) {
+    ADD_FAILURE() << "the graph should hold the call's one kernel";
+    return -1;
+  }
+  CUDA_KERNEL_NODE_PARAMS kp;
+  std::memset(&kp, 0, sizeof(kp));
+  if (api.cuGraphKernelNodeGetParams(node, &kp) != CUDA_SUCCESS || kp.kernelParams == nullptr) {
+    ADD_FAILURE() << "cuGraphKernelNodeGetParams";
+    return -1;
+  }
+  const int flags = p.dm.format() == WeightFormat::kZ12
+                        ? static_cast<const Z12Params*>(kp.kernelParams[0])->flags
+                        : static_cast<const Bf16Params*>(kp.kernelParams[0])->flags;
+  EXPECT_TRUE(ReleaseGemvWorkspace(g.stream).ok());  // (the graph is never launched)
+  return flags;
+}
+
+// Whether a call launches with programmatic dependent launch (flags bit 2, which only such a
+// launch sets; its results are the same either way, so PdlTest's bitwise comparisons cannot
+// tell): GemvOptions::pdl over GEMVZ_PDL; kAlways on any grid, also one that fills few CTA
+// slots; kAuto only on a grid that fills at least 90 % of them; kOff and unset never; plain BF16
+// too. Where the GPU has no PDL (before sm_90, or a driver without cuLaunchKernelEx) no call
+// sets the bit.
+TEST(Gemv, PdlModeReachesTheLaunch) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const jit_test::ScopedEnv no_env("GEMVZ_PDL", std::nullopt);
+  absl::StatusOr<internal::DeviceInfo> info = internal::GetDeviceInfo(0);
+  ASSERT_TRUE(info.ok()) << info.status();
+  const bool can = info->limits.cc_major >= 9 && (*internal::Driver())->cuLaunchKernelEx != nullptr;
+  // A small grid: 4 row blocks (and any dense rows) of one K slice.
+  const Problem small =
+      Problem::Make(64, 256, testing::RandomMatrix(64, 256, Distribution::kNormal, seed));
+  const KernelConfig sc{WeightFormat::kZ12, 2, 1, 1, 3, 1};
+  ASSERT_LT((4 + small.dm.state()->n_dense) * 10, int64_t{info->limits.sm_count} * 9);
+  // A full one: 128 row blocks x 16 K slices, 2048 CTAs of 160 threads.
+  const Problem big =
+      Problem::Make(2048, 4096, testing::RandomMatrix(2048, 4096, Distribution::kNormal, seed + 1));
+  const KernelConfig bc{WeightFormat::kZ12, 4, 1, 1, 3, 16};
+  const auto kernel = internal::GetKernel(0, internal::InOrder(bc, big.dm.order()));
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  const int64_t slots = int64_t{kernel->blocks_per_sm} * info->limits.sm_count;
+  ASSERT_GE((128 + big.dm.state()->n_dense) * 16 * 10, slots * 9) << "the big grid must fill 90 %";
+  const Problem plain =
+      Problem::Make(64, 256, testing::RandomMatrix(64, 256, Distribution::kNormal, seed + 2), true);
+  const KernelConfig pc{WeightFormat::kBf16, 2, 1, 1, 1, 1};
+
+  auto flags = [&](const Problem& p, const KernelConfig& c, std::optional<Pdl> pdl) {
+    GemvOptions opt{internal::InOrder(c, p.dm.order())};
+    opt.pdl = pdl;
+    return CapturedFlags(p, 8, opt);
+  };
+  const int pdl_bit = can ? 4 : 0;
+  EXPECT_EQ(flags(small, sc, std::nullopt) & 4, 0) << "unset, GEMVZ_PDL unset";
+  EXPECT_EQ(flags(small, sc, Pdl::kOff) & 4, 0) << "kOff";
+  EXPECT_EQ(flags(small, sc, Pdl::kAuto) & 4, 0) << "kAuto, a grid of few CTAs";
+  EXPECT_EQ(flags(small, sc, Pdl::kAlways) & 4, pdl_bit) << "kAlways, a grid of few CTAs";
+  EXPECT_EQ(flags(big, bc, Pdl::kAuto) & 4, pdl_bit) << "kAuto, a full grid";
+  EXPECT_EQ(flags(big, bc, Pdl::kOff) & 4, 0) << "kOff, a full grid";
+  EXPECT_EQ(flags(plain, pc, Pdl::kAlways) & 4, pdl_bit) << "plain BF16, kAlways";
+  EXPECT_EQ(flags(plain, pc, Pdl::kOff) & 4, 0) << "plain BF16, kOff";
+  {
+    const jit_test::ScopedEnv always("GEMVZ_PDL", "always");
+    EXPECT_EQ(flags(small, sc, std::nullopt) & 4, pdl_bit) << "GEMVZ_PDL=always";
+    EXPECT_EQ(flags(small, sc, Pdl::kOff) & 4, 0) << "kOff over GEMVZ_PDL=always";
+  }
+  {
+    const jit_test::ScopedEnv automatic("GEMVZ_PDL", "1");
+    EXPECT_EQ(flags(big, bc, std::nullopt) & 4, pdl_bit) << "GEMVZ_PDL=1, a full grid";
+    EXPECT_EQ(flags(small, sc, Pdl::kAlways) & 4, pdl_bit) << "kAlways over GEMVZ_PDL=1";
+  }
 }
 
 // ReleaseGemvWorkspace frees what Gemv keeps for a stream, outgrown buffers included (each buffer
