@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -20,11 +21,16 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "gemvz/format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/cuda/driver.h"
 #include "tests/support/temp_files.h"
 #include "tools/gemvz/bench_support.h"
+
+#ifndef GEMVZ_FAKE_CUBLAS  // CMakeLists.txt builds it with the CLI
+#define GEMVZ_FAKE_CUBLAS ""
+#endif
 
 namespace {
 
@@ -574,6 +580,168 @@ TEST_F(CliTest, BenchNeedsAGpuOrWritesTheDocumentedJson) {
     EXPECT_TRUE(c["ok"].get<bool>());
   }
   EXPECT_TRUE(doc["ok"].get<bool>());
+}
+
+
+// The peak DRAM bandwidth of GPU 0 from its attributes (2 transfers a clock over the bus), in
+// TB/s; 0 if the driver does not say.
+double PeakDramTbps() {
+  absl::StatusOr<const gemvz::internal::DriverApi*> drv = gemvz::internal::Driver();
+  if (!drv.ok()) return 0;
+  CUdevice dev = 0;
+  int khz = 0, bits = 0;
+  if ((*drv)->cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      (*drv)->cuDeviceGetAttribute(&khz, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, dev) !=
+          CUDA_SUCCESS ||
+      (*drv)->cuDeviceGetAttribute(&bits, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, dev) !=
+          CUDA_SUCCESS) {
+    return 0;
+  }
+  return 2.0 * khz * 1e3 * (bits / 8) / 1e12;
+}
+
+int64_t L2Bytes() {
+  absl::StatusOr<const gemvz::internal::DriverApi*> drv = gemvz::internal::Driver();
+  CUdevice dev = 0;
+  int bytes = 0;
+  if (!drv.ok() || (*drv)->cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      (*drv)->cuDeviceGetAttribute(&bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev) != CUDA_SUCCESS) {
+    return 0;
+  }
+  return bytes;
+}
+
+// What docs/CLI.md says of each number of a bench case, on a shape whose BF16 copy (64 MiB) is
+// above the 60 MB L2: bytes z12 = packed weights + side tables (what Pack counts) + x + out,
+// BF16 = 2 N K + x + out, the probes 2 N K and the packed bytes (whole 16-byte units); each
+// path's copies as many as reach --rotate_mb (at least 2), launches per replay the fewest whole
+// rotations of at least --launches. And what physics allows, in the directions a slower GPU (a
+// busy one, other tests beside this one) cannot break: with the copies rotating above L2 no path
+// moves its bytes faster than the DRAM's peak; plain BF16 and cuBLAS move at least the probe's
+// bytes, and z12 at least the bound's, so none is well above 100 % of them; the probe over all
+// 2 N K bytes streams at about the pace of the same kernel over the packed bytes' prefix.
+TEST_F(CliTest, BenchCountsBytesCopiesAndLaunchesAsDocumentedAndStaysPhysical) {
+  if (!HasGpu()) GTEST_SKIP() << "no GPU: bench refuses (BenchNeedsAGpuOrWritesTheDocumentedJson)";
+  constexpr int64_t kN = 4096, kK = 8192, kRotateMiB = 256, kLaunches = 10;
+  const std::string json = dir_ + "/bench.json";
+  const Result r = Run({"bench", "--shape=4096x8192", "--m=1,8", "--json=" + json,
+                        "--replays=15", "--launches=" + std::to_string(kLaunches),
+                        "--rotate_mb=" + std::to_string(kRotateMiB), "--seed=7"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  std::ifstream in(json);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  ASSERT_TRUE(doc["ok"].get<bool>());
+  const int64_t rotate = doc["settings"]["rotate_bytes"].get<int64_t>();
+  EXPECT_EQ(rotate, kRotateMiB << 20);
+  const int64_t l2 = L2Bytes();
+  EXPECT_GE(rotate, 2 * l2) << "the test's premise: each path's copies exceed the L2 twice";
+
+  // The packed weights' bytes, from the same weights (the seed, the shape) packed here.
+  absl::StatusOr<gemvz::cli::MatrixShape> shape = gemvz::cli::ParseShape("4096x8192");
+  ASSERT_TRUE(shape.ok());
+  const std::vector<uint16_t> w =
+      gemvz::cli::NormalBf16(kN * kK, 1.0 / std::sqrt(static_cast<double>(kK)),
+                             gemvz::cli::WeightSeed(doc["settings"]["seed"].get<uint64_t>(), *shape),
+                             0);
+  absl::StatusOr<gemvz::PackedMatrix> packed = gemvz::Pack(w.data(), kN, kK);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  const int64_t packed_bytes = packed->stats.total_bytes;
+  const int64_t bf16_bytes = 2 * kN * kK;
+  ASSERT_LT(packed_bytes, bf16_bytes);
+  auto copies_for = [&](int64_t bytes) {
+    return std::max<int64_t>(2, (rotate + bytes - 1) / bytes);
+  };
+
+  const double peak = PeakDramTbps();
+  const double fastest = 1.25 * peak;  // a margin for x and out, which stay in L2
+  ASSERT_EQ(doc["cases"].size(), 2u);
+  for (const nlohmann::json& c : doc["cases"]) {
+    const int64_t m = c["m"].get<int64_t>();
+    SCOPED_TRACE("m = " + std::to_string(m));
+    const int64_t io = 2 * m * kK + 2 * m * kN;
+    const nlohmann::json& p = c["paths"];
+    EXPECT_EQ(c["dispatch"]["weight_format"], "z12");
+    EXPECT_EQ(p["z12"]["bytes"].get<int64_t>(), packed_bytes + io);
+    EXPECT_EQ(p["plain"]["bytes"].get<int64_t>(), bf16_bytes + io);
+    EXPECT_EQ(p["cublas"]["bytes"].get<int64_t>(), bf16_bytes + io);
+    EXPECT_EQ(p["probe"]["bytes"].get<int64_t>(), bf16_bytes);
+    EXPECT_EQ(p["probe_z12"]["bytes"].get<int64_t>(), packed_bytes / 16 * 16);
+
+    const nlohmann::json& rot = c["rotation"];
+    for (const auto& [kind, bytes] : {std::pair<const char*, int64_t>{"z12", packed_bytes},
+                                      {"bf16", bf16_bytes}}) {
+      const int64_t copies = rot[std::string("copies_") + kind].get<int64_t>();
+      const int64_t launches = rot[std::string("launches_") + kind].get<int64_t>();
+      EXPECT_EQ(copies, copies_for(bytes)) << kind << ": " << bytes << " bytes a copy";
+      EXPECT_GE(copies * bytes, rotate) << kind;
+      EXPECT_EQ(launches % copies, 0) << kind << ": " << launches << " launches, " << copies
+                                      << " copies: not whole rotations";
+      EXPECT_GE(launches, kLaunches) << kind;
+      EXPECT_LT(launches, kLaunches + copies) << kind << ": more rotations than --launches needs";
+    }
+
+    for (const char* path : {"z12", "plain", "cublas", "probe", "probe_z12"}) {
+      const double us = p[path]["time_us"].get<double>();
+      ASSERT_GT(us, 0) << path;
+      const double tbps = p[path]["bytes"].get<int64_t>() / (us * 1e-6) / 1e12;
+      EXPECT_NEAR(p[path]["tbps"].get<double>(), tbps, 1e-9 * tbps) << path;
+      if (peak > 0) {
+        EXPECT_LE(tbps, fastest) << path << " moved " << p[path]["bytes"] << " bytes in " << us
+                                 << " us, faster than the DRAM's peak of " << peak << " TB/s";
+      }
+    }
+    for (const char* path : {"plain", "cublas"}) {
+      EXPECT_LE(p[path]["pct_of_ceiling"].get<double>(), 110.0)
+          << path << " read its 2 N K bytes well faster than the probe: " << p[path]["time_us"]
+          << " us against the probe's " << p["probe"]["time_us"];
+    }
+    EXPECT_LE(c["pct_of_bound"].get<double>(), 110.0)
+        << "z12 read its bytes well faster than the probe: " << p["z12"]["time_us"]
+        << " us against " << p["probe_z12"]["time_us"];
+    EXPECT_LE(c["ceiling_tbps"].get<double>(), 1.2 * p["probe_z12"]["tbps"].get<double>())
+        << "the probe over 2 N K bytes (" << p["probe"]["time_us"]
+        << " us) streams far faster than over the packed bytes' prefix ("
+        << p["probe_z12"]["time_us"] << " us): it reads fewer bytes than it counts";
+    EXPECT_TRUE(c["ok"].get<bool>());
+  }
+}
+
+// A wrong result from one path: a stand-in for libcublas (tests/fake_cublas, named in the
+// documented GEMVZ_CUBLAS_LIBRARY) whose GEMM writes zeros. bench must check it, say which check
+// failed, mark the case and the report not ok and exit 1, with z12 and plain still right; the
+// demo must call the row WRONG and exit 1 too.
+TEST_F(CliTest, BenchAndDemoReportAWrongCublasResult) {
+  if (!HasGpu()) GTEST_SKIP() << "no GPU: neither runs a GEMV";
+  if (std::string(GEMVZ_FAKE_CUBLAS).empty()) GTEST_SKIP() << "tests/fake_cublas is not built";
+  env_["GEMVZ_CUBLAS_LIBRARY"] = GEMVZ_FAKE_CUBLAS;
+  const std::string json = dir_ + "/bench.json";
+  const Result r = Run({"bench", "--shape=1024x2048", "--m=1", "--json=" + json, "--replays=3",
+                        "--launches=8", "--rotate_mb=64"});
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_CONTAINS(r.err, "cuBLAS vs reference");
+  EXPECT_CONTAINS(r.out, "WRONG");
+  EXPECT_CONTAINS(r.out, "SOME RESULTS ARE WRONG");
+  std::ifstream in(json);
+  ASSERT_TRUE(in) << "no " << json << ": " << r.err;
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  EXPECT_EQ(doc["cublas"]["library"], GEMVZ_FAKE_CUBLAS);
+  EXPECT_FALSE(doc["ok"].get<bool>());
+  EXPECT_TRUE(doc["errors"].empty());
+  ASSERT_EQ(doc["cases"].size(), 1u);
+  const nlohmann::json& c = doc["cases"][0];
+  EXPECT_FALSE(c["ok"].get<bool>());
+  EXPECT_FALSE(c["pair_check_ok"].get<bool>());
+  EXPECT_FALSE(c["paths"]["cublas"]["check_ok"].get<bool>());
+  EXPECT_GT(c["paths"]["cublas"]["max_err_ratio"].get<double>(), 1.0);
+  EXPECT_TRUE(c["paths"]["z12"]["check_ok"].get<bool>());
+  EXPECT_TRUE(c["paths"]["plain"]["check_ok"].get<bool>());
+
+  const Result demo = Run({"demo", "--shape=1024x2048", "--replays=3", "--launches=8",
+                           "--rotate_mb=64"});
+  EXPECT_EQ(demo.rc, 1) << demo.out << demo.err;
+  EXPECT_CONTAINS(demo.out, "WRONG");
+  EXPECT_CONTAINS(demo.out, "demo: SOMETHING IS WRONG");
+  EXPECT_EQ(demo.out.find("everything is right"), std::string::npos) << demo.out;
 }
 
 }  // namespace
