@@ -24,9 +24,14 @@ namespace {
 struct Opened {
   std::unique_ptr<GpuSession> session;
   std::unique_ptr<ShapeWorkload> work;
+  const std::vector<DeviceMatrix>* plain = nullptr;  // the workload's plain BF16 copies
+  // The workload's x and output, typed for Gemv.
+  const uint16_t* x() const { return reinterpret_cast<const uint16_t*>(work->x()); }
+  uint16_t* out() const { return reinterpret_cast<uint16_t*>(work->out()); }
 };
 
-// A session on GPU 0 and the workload of one shape (weights N(0, 1/K), x, the reference).
+// A session on GPU 0 and the workload of one shape (weights N(0, 1/K), x, the reference), with
+// its plain copies uploaded; `plain` stays null (the failure recorded) if any step fails.
 Opened OpenWorkload(int64_t n, int64_t k, int64_t max_m, int64_t rotate_bytes) {
   Opened o;
   absl::StatusOr<std::unique_ptr<GpuSession>> session = GpuSession::Open(0);
@@ -39,7 +44,11 @@ Opened OpenWorkload(int64_t n, int64_t k, int64_t max_m, int64_t rotate_bytes) {
   absl::StatusOr<std::unique_ptr<ShapeWorkload>> work =
       ShapeWorkload::Create(o.session.get(), MatrixShape{"", n, k}, max_m, options);
   EXPECT_TRUE(work.ok()) << work.status();
-  if (work.ok()) o.work = std::move(*work);
+  if (!work.ok()) return o;
+  o.work = std::move(*work);
+  absl::StatusOr<const std::vector<DeviceMatrix>*> plain = o.work->Plain();
+  EXPECT_TRUE(plain.ok()) << plain.status();
+  if (plain.ok()) o.plain = *plain;
   return o;
 }
 
@@ -127,15 +136,11 @@ TEST(BenchGpu, RunAndCheckFailsAPathThatWritesNothing) {
   GEMVZ_REQUIRE_GPU();
   constexpr int64_t kN = 1024, kK = 2048, kM = 4;
   Opened o = OpenWorkload(kN, kK, kM, int64_t{8} << 20);
-  ASSERT_NE(o.work, nullptr);
+  ASSERT_NE(o.plain, nullptr);
   ShapeWorkload& work = *o.work;
-  absl::StatusOr<const std::vector<DeviceMatrix>*> plain = work.Plain();
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  const uint16_t* x = reinterpret_cast<const uint16_t*>(work.x());
-  uint16_t* out = reinterpret_cast<uint16_t*>(work.out());
   std::vector<uint16_t> right, nothing;
   absl::StatusOr<ErrorCheck> check = work.RunAndCheck(
-      kM, [&] { return Gemv((**plain)[0], x, kM, out, work.stream()); }, &right);
+      kM, [&] { return Gemv((*o.plain)[0], o.x(), kM, o.out(), work.stream()); }, &right);
   ASSERT_TRUE(check.ok()) << check.status();
   ASSERT_TRUE(check->ok()) << check->ToString();
   check = work.RunAndCheck(kM, [] { return absl::OkStatus(); }, &nothing);
@@ -158,24 +163,20 @@ TEST(BenchGpu, CheckAndCaptureGemvReportsALastCopyWithOtherBits) {
   // exception's correction apart) round some of them to neighbouring BF16 values.
   constexpr int64_t kN = 4096, kK = 4096, kM = 16;
   Opened o = OpenWorkload(kN, kK, kM, int64_t{8} << 20);
-  ASSERT_NE(o.work, nullptr);
+  ASSERT_NE(o.plain, nullptr);
   ShapeWorkload& work = *o.work;
-  absl::StatusOr<const std::vector<DeviceMatrix>*> plain = work.Plain();
-  ASSERT_TRUE(plain.ok()) << plain.status();
   absl::StatusOr<const std::vector<DeviceMatrix>*> z12 = work.Compressed();
   ASSERT_TRUE(z12.ok()) << z12.status();
   ASSERT_EQ((**z12)[0].format(), WeightFormat::kZ12);
   ASSERT_GE((**z12).size(), 2u);
-  const uint16_t* x = reinterpret_cast<const uint16_t*>(work.x());
-  uint16_t* out = reinterpret_cast<uint16_t*>(work.out());
 
   // The premise: each is right, and their bits differ.
   std::vector<uint16_t> from_plain, from_z12;
   absl::StatusOr<ErrorCheck> check = work.RunAndCheck(
-      kM, [&] { return Gemv((**plain)[0], x, kM, out, work.stream()); }, &from_plain);
+      kM, [&] { return Gemv((*o.plain)[0], o.x(), kM, o.out(), work.stream()); }, &from_plain);
   ASSERT_TRUE(check.ok() && check->ok()) << (check.ok() ? check->ToString() : "");
   check = work.RunAndCheck(
-      kM, [&] { return Gemv((**z12)[0], x, kM, out, work.stream()); }, &from_z12);
+      kM, [&] { return Gemv((**z12)[0], o.x(), kM, o.out(), work.stream()); }, &from_z12);
   ASSERT_TRUE(check.ok() && check->ok()) << (check.ok() ? check->ToString() : "");
   ASSERT_NE(from_plain, from_z12) << "the plain and 12-bit kernels agreed bit for bit on all "
                                   << kM * kN << " outputs: this test needs a case where they differ";
@@ -183,7 +184,7 @@ TEST(BenchGpu, CheckAndCaptureGemvReportsALastCopyWithOtherBits) {
   TimingOptions timing;
   timing.min_launches = 4;
   GraphTimer timer(work.stream());
-  const std::vector<DeviceMatrix> mixed = {(**plain)[0], (**z12)[0]};
+  const std::vector<DeviceMatrix> mixed = {(*o.plain)[0], (**z12)[0]};
   absl::StatusOr<ShapeWorkload::GemvRun> run =
       work.CheckAndCaptureGemv(&timer, mixed, kM, {}, timing);
   ASSERT_TRUE(run.ok()) << run.status();
