@@ -615,11 +615,15 @@ int64_t L2Bytes() {
 // above the 60 MB L2: bytes z12 = packed weights + side tables (what Pack counts) + x + out,
 // BF16 = 2 N K + x + out, the probes 2 N K and the packed bytes (whole 16-byte units); each
 // path's copies as many as reach --rotate_mb (at least 2), launches per replay the fewest whole
-// rotations of at least --launches. And what physics allows, in the directions a slower GPU (a
-// busy one, other tests beside this one) cannot break: with the copies rotating above L2 no path
-// moves its bytes faster than the DRAM's peak; plain BF16 and cuBLAS move at least the probe's
-// bytes, and z12 at least the bound's, so none is well above 100 % of them; the probe over all
-// 2 N K bytes streams at about the pace of the same kernel over the packed bytes' prefix.
+// rotations of at least --launches. And what physics allows: with the copies rotating above L2
+// no path moves its bytes faster than the DRAM's peak (a slower GPU, busy with other tests, only
+// moves further from it); plain BF16 and cuBLAS move at least the probe's bytes, and z12 at
+// least the bound's, so none is well above 100 % of them; the probe over all 2 N K bytes streams
+// at about the pace of the same kernel over the packed bytes' prefix. Those three compare paths
+// timed in turn, replay by replay, so a busy GPU slows both sides alike (measured on the H200
+// beside two processes that kept it at 100 %: every time about 11 % longer, the ratios within a
+// point of an idle GPU's, 15 % or more inside their limits). On a GPU with too little free memory
+// for the copies bench makes fewer, and says so: the test skips.
 TEST_F(CliTest, BenchCountsBytesCopiesAndLaunchesAsDocumentedAndStaysPhysical) {
   if (!HasGpu()) GTEST_SKIP() << "no GPU: bench refuses (BenchNeedsAGpuOrWritesTheDocumentedJson)";
   constexpr int64_t kN = 4096, kK = 8192, kRotateMiB = 256, kLaunches = 10;
@@ -628,12 +632,17 @@ TEST_F(CliTest, BenchCountsBytesCopiesAndLaunchesAsDocumentedAndStaysPhysical) {
                         "--replays=15", "--launches=" + std::to_string(kLaunches),
                         "--rotate_mb=" + std::to_string(kRotateMiB), "--seed=7"});
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  if (r.out.find("fit in free GPU memory") != std::string::npos ||
+      r.err.find("fit in free GPU memory") != std::string::npos) {
+    GTEST_SKIP() << "too little free GPU memory for --rotate_mb=" << kRotateMiB << ": " << r.err;
+  }
   std::ifstream in(json);
   const nlohmann::json doc = nlohmann::json::parse(in);
   ASSERT_TRUE(doc["ok"].get<bool>());
   const int64_t rotate = doc["settings"]["rotate_bytes"].get<int64_t>();
   EXPECT_EQ(rotate, kRotateMiB << 20);
   const int64_t l2 = L2Bytes();
+  ASSERT_GT(l2, 0) << "the GPU's L2 size could not be read";
   EXPECT_GE(rotate, 2 * l2) << "the test's premise: each path's copies exceed the L2 twice";
 
   // The packed weights' bytes, from the same weights (the seed, the shape) packed here.
@@ -653,6 +662,7 @@ TEST_F(CliTest, BenchCountsBytesCopiesAndLaunchesAsDocumentedAndStaysPhysical) {
   };
 
   const double peak = PeakDramTbps();
+  ASSERT_GT(peak, 0) << "the GPU's memory clock and bus width could not be read";
   const double fastest = 1.25 * peak;  // a margin for x and out, which stay in L2
   ASSERT_EQ(doc["cases"].size(), 2u);
   for (const nlohmann::json& c : doc["cases"]) {
@@ -685,10 +695,8 @@ TEST_F(CliTest, BenchCountsBytesCopiesAndLaunchesAsDocumentedAndStaysPhysical) {
       ASSERT_GT(us, 0) << path;
       const double tbps = p[path]["bytes"].get<int64_t>() / (us * 1e-6) / 1e12;
       EXPECT_NEAR(p[path]["tbps"].get<double>(), tbps, 1e-9 * tbps) << path;
-      if (peak > 0) {
-        EXPECT_LE(tbps, fastest) << path << " moved " << p[path]["bytes"] << " bytes in " << us
-                                 << " us, faster than the DRAM's peak of " << peak << " TB/s";
-      }
+      EXPECT_LE(tbps, fastest) << path << " moved " << p[path]["bytes"] << " bytes in " << us
+                               << " us, faster than the DRAM's peak of " << peak << " TB/s";
     }
     for (const char* path : {"plain", "cublas"}) {
       EXPECT_LE(p[path]["pct_of_ceiling"].get<double>(), 110.0)

@@ -659,6 +659,25 @@ struct WorkspaceGrowth {
                           testing::RandomMatrix(32768, 1024, Distribution::kNormal, seed + 1))) {}
 };
 
+// The kernel parameters of a graph that captured one Gemv call: its only node, a kernel node.
+// False, with the failure recorded, if the graph holds another number of nodes or another kind.
+bool OnlyKernelNodeParams(CUgraph graph, CUDA_KERNEL_NODE_PARAMS* kp) {
+  const auto& api = **internal::Driver();
+  size_t nodes = 0;
+  if (api.cuGraphGetNodes(graph, nullptr, &nodes) != CUDA_SUCCESS || nodes != 1) {
+    ADD_FAILURE() << "the graph holds " << nodes << " nodes, not the call's one kernel";
+    return false;
+  }
+  CUgraphNode node = nullptr;
+  std::memset(kp, 0, sizeof(*kp));
+  if (api.cuGraphGetNodes(graph, &node, &nodes) != CUDA_SUCCESS ||
+      api.cuGraphKernelNodeGetParams(node, kp) != CUDA_SUCCESS || kp->kernelParams == nullptr) {
+    ADD_FAILURE() << "the graph's node is not a kernel node with parameters";
+    return false;
+  }
+  return true;
+}
+
 // A graph captured while the stream's workspace was small must replay correctly after a later
 // call on that stream grows it. Outgrown buffers used to be freed: the graph's split-K partials
 // and semaphores then lay in freed memory (an illegal address in `gemvz tune`'s 1675-graph sweep
@@ -682,14 +701,8 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
   CapturedGemv g;
   ASSERT_NO_FATAL_FAILURE(Capture(p, dx, dout, m, opt, 1, &g));
   // The graph's one kernel node and the workspace pointers in its Z12Params.
-  size_t nodes = 1;
-  CUgraphNode node;
-  ASSERT_EQ(api.cuGraphGetNodes(g.graph, &node, &nodes), CUDA_SUCCESS);
-  ASSERT_EQ(nodes, 1u);
   CUDA_KERNEL_NODE_PARAMS kp;
-  std::memset(&kp, 0, sizeof(kp));
-  ASSERT_EQ(api.cuGraphKernelNodeGetParams(node, &kp), CUDA_SUCCESS);
-  ASSERT_NE(kp.kernelParams, nullptr);
+  ASSERT_TRUE(OnlyKernelNodeParams(g.graph, &kp));
   const Z12Params captured = *static_cast<const Z12Params*>(kp.kernelParams[0]);
   ASSERT_NE(captured.ws, nullptr);
   ASSERT_NE(captured.sem, nullptr);
@@ -727,28 +740,19 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
 // The flags a Gemv call gave its kernel (Z12Params or Bf16Params::flags), read from the one kernel
 // node of a graph that captured the call; -1 (with the failure recorded) when that went wrong.
 int CapturedFlags(const Problem& p, int64_t m, const GemvOptions& opt) {
-  const auto& api = **internal::Driver();
   DeviceBuffer dx(static_cast<size_t>(m * p.k * 2)), dout(static_cast<size_t>(m * p.n * 2));
   dx.Fill16(0x3F80);
   testing::Synchronize();
   CapturedGemv g;
   Capture(p, dx, dout, m, opt, 1, &g);
   if (::testing::Test::HasFatalFailure()) return -1;
-  size_t nodes = 1;
-  CUgraphNode node;
-  if (api.cuGraphGetNodes(g.graph, &node, &nodes) != CUDA_SUCCESS || nodes != 1) {
-    ADD_FAILURE() << "the graph should hold the call's one kernel";
-    return -1;
-  }
   CUDA_KERNEL_NODE_PARAMS kp;
-  std::memset(&kp, 0, sizeof(kp));
-  if (api.cuGraphKernelNodeGetParams(node, &kp) != CUDA_SUCCESS || kp.kernelParams == nullptr) {
-    ADD_FAILURE() << "cuGraphKernelNodeGetParams";
-    return -1;
+  int flags = -1;
+  if (OnlyKernelNodeParams(g.graph, &kp)) {
+    flags = p.dm.format() == WeightFormat::kZ12
+                ? static_cast<const Z12Params*>(kp.kernelParams[0])->flags
+                : static_cast<const Bf16Params*>(kp.kernelParams[0])->flags;
   }
-  const int flags = p.dm.format() == WeightFormat::kZ12
-                        ? static_cast<const Z12Params*>(kp.kernelParams[0])->flags
-                        : static_cast<const Bf16Params*>(kp.kernelParams[0])->flags;
   EXPECT_TRUE(ReleaseGemvWorkspace(g.stream).ok());  // (the graph is never launched)
   return flags;
 }

@@ -2,7 +2,7 @@
 # Checks that the tests catch each deliberate bug of tools/mutants.tsv: for every mutant, apply it,
 # rebuild BUILD_DIR, run its tests, name those that failed, and restore the sources. A GPU mutant
 # runs the GPU tests but the five long ones, then, if none failed, the long ones; it needs a GPU.
-# A mutant whose tests field is gpu:REGEX runs the GPU tests REGEX matches (ctest -R), which
+# A mutant whose tests field is gpu:REGEX runs the GPU tests REGEX matches, one at a time, which
 # must all run, none skip, in the baseline (a 2-GPU test needs a 2-GPU machine). A CPU mutant runs
 # the CPU tests its row names, anywhere. First the same tests must pass on the unmutated sources
 # (and the GPU tests must really run, not skip). Needs a configured build
@@ -16,7 +16,7 @@
 # Logs: $GEMVZ_MUTANT_LOGS (default /tmp/gemvz-mutants), one build and one ctest log a mutant.
 set -u -o pipefail
 self=$(readlink -f "$0")
-usage() { sed -n '2,17p' "$self" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$self" | sed 's/^# \{0,1\}//'; }
 build=""
 if [ $# -ge 1 ] && [ -d "$1" ]; then build=$(cd "$1" && pwd); fi  # before the cd below
 cd "$(dirname "$self")/.."
