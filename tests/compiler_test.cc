@@ -137,6 +137,26 @@ TEST(CompilerTest, FailedCompileCarriesLogOptionsAndConfiguration) {
   EXPECT_NE(msg.find("error"), std::string::npos) << msg;
 }
 
+// The log comes back whole: NVRTC counts its terminating NUL in the size, and only that is
+// dropped. Its last line ("N errors detected in the compilation of ...") ends with a newline.
+TEST(CompilerTest, FailedCompileKeepsTheWholeLog) {
+  auto files = jit_test::StandInKernelFiles();
+  for (auto& [name, text] : files) {
+    if (name == "z12_gemv.cuh") text += "\nnot_cuda_either;\n";
+  }
+  const CompileRequest request = RequestForConfig(KernelConfig{}, "sm_90");
+  absl::StatusOr<CompiledKernel> k =
+      CompileWithNvrtc(request, *SourceSet::FromFiles(files), CanonicalOptions("sm_90", {}));
+  ASSERT_FALSE(k.ok());
+  const std::string msg(k.status().message());
+  const size_t log = msg.find("\nlog:\n");
+  ASSERT_NE(log, std::string::npos) << msg;
+  EXPECT_NE(msg.find("not_cuda_either", log), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\0'), std::string::npos) << "a NUL kept in the log";
+  ASSERT_FALSE(msg.empty());
+  EXPECT_EQ(msg.back(), '\n') << "the log's last line was cut short: " << msg.substr(log);
+}
+
 TEST(CompilerTest, MissingIncludeFailsWithoutTouchingTheFileSystem) {
   // Only in-memory headers exist: a file that is not embedded must not be found anywhere.
   CompileRequest request;
@@ -175,6 +195,20 @@ TEST(CompilerTest, ArchitecturesAreChecked) {
     EXPECT_NE(std::string(st.message()).find(absl::StrCat("'", bad, "'")), std::string::npos) << st;
   }
   EXPECT_FALSE(CheckArch("sm_70").ok());  // no bf16 mma
+}
+
+// NVRTC 13 no longer targets sm_70, but still targets sm_75 (Turing): only CheckArch's own
+// bound keeps the kernels, which need bf16 mma.sync, off it. Ampere and later pass.
+TEST(CompilerTest, TuringIsRefusedForWantOfBf16Mma) {
+  for (const char* old : {"sm_75", "sm_75a", "sm_72", "sm_79"}) {
+    const absl::Status st = CheckArch(old);
+    EXPECT_FALSE(st.ok()) << old;
+    EXPECT_NE(std::string(st.message()).find(absl::StrCat("'", old, "'")), std::string::npos) << st;
+  }
+  const absl::Status turing = CheckArch("sm_75");
+  EXPECT_NE(std::string(turing.message()).find("sm_80 or later"), std::string::npos)
+      << "sm_75 should be refused for its lack of bf16 mma, not as unknown to NVRTC: " << turing;
+  EXPECT_TRUE(CheckArch("sm_86").ok());
 }
 
 TEST(CompilerTest, PtxasReportIsParsedForTheRightFunction) {

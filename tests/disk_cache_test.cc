@@ -558,6 +558,20 @@ TEST(CacheDirectoryTest, FollowsTheEnvironment) {
   }
 }
 
+// The XDG base directory spec: a relative XDG_CACHE_HOME is invalid and is ignored, so the
+// cache falls back to $HOME/.cache rather than landing under the current directory.
+TEST(CacheDirectoryTest, IgnoresARelativeXdgCacheHome) {
+  ScopedEnv disable("GEMVZ_DISABLE_DISK_CACHE", std::nullopt);
+  ScopedEnv dir("GEMVZ_CACHE_DIR", std::nullopt);
+  ScopedEnv home("HOME", "/home/someone");
+  for (const char* relative : {"relative/cache", ".cache", "~/cache"}) {
+    ScopedEnv xdg("XDG_CACHE_HOME", relative);
+    EXPECT_EQ(CacheDirectory(), "/home/someone/.cache/gemvz") << "XDG_CACHE_HOME=" << relative;
+  }
+  ScopedEnv xdg("XDG_CACHE_HOME", "/abs/cache");
+  EXPECT_EQ(CacheDirectory(), "/abs/cache/gemvz");
+}
+
 TEST(CacheDirectoryTest, MaxBytesComesFromTheEnvironment) {
   {
     ScopedEnv cap("GEMVZ_CACHE_MAX_BYTES", std::nullopt);
