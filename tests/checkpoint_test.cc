@@ -664,6 +664,64 @@ TEST(CheckpointTest, VerifyFindsAWeightThatDiffersFromTheInput) {
   EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"m.safetensors"}));
 }
 
+// Opening a checkpoint checks each file's format version (kCheckpointFormatVersion and older
+// read; 0, a non-number or the next version do not, naming the file), refuses a tensor two files
+// of a directory both hold, and looks a name up exactly: Info of a name between two stored ones,
+// or before them all, is NotFound, never its neighbour.
+TEST(CheckpointTest, OpeningChecksVersionsDuplicatesAndExactNames) {
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, FreshSeed()));
+  const std::string path = dir + "/v.safetensors";
+  const std::string current = std::to_string(kCheckpointFormatVersion);
+  const std::string next = std::to_string(kCheckpointFormatVersion + 1);
+  for (const std::string& version : {std::string("1"), current, std::string("0"),
+                                     std::string("-1"), std::string("x"), next}) {
+    SCOPED_TRACE("gemvz.version = " + version);
+    ::unlink(path.c_str());
+    WriteCheckpoint(path, {{"w", "BF16", {16, 64}, m, false, ""}},
+                    {{"format", "pt"}, {internal::kMetaVersionKey, version}});
+    absl::StatusOr<PackedCheckpoint> c = PackedCheckpoint::Open(path);
+    if (version == "1" || version == current) {
+      EXPECT_TRUE(c.ok()) << c.status();
+      continue;
+    }
+    ASSERT_FALSE(c.ok()) << "version " << version << " accepted";
+    EXPECT_NE(c.status().message().find(path), std::string::npos) << c.status();
+    if (version == next) {
+      EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+      EXPECT_NE(c.status().message().find("newer"), std::string::npos) << c.status();
+    } else {
+      EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+      EXPECT_NE(c.status().message().find("is not a version number"), std::string::npos)
+          << c.status();
+    }
+  }
+
+  ASSERT_EQ(::mkdir((dir + "/dup").c_str(), 0755), 0);
+  WriteCheckpoint(dir + "/dup/a.safetensors", {{"w", "BF16", {16, 64}, m, false, ""}});
+  WriteCheckpoint(dir + "/dup/b.safetensors", {{"w", "BF16", {16, 64}, m, false, ""}});
+  absl::StatusOr<PackedCheckpoint> dup = PackedCheckpoint::Open(dir + "/dup");
+  ASSERT_FALSE(dup.ok()) << "a tensor in two files accepted";
+  EXPECT_NE(dup.status().message().find("tensor 'w' appears twice"), std::string::npos)
+      << dup.status();
+  EXPECT_NE(dup.status().message().find(dir + "/dup/a.safetensors"), std::string::npos)
+      << dup.status();
+
+  WriteCheckpoint(dir + "/names.safetensors", {{"b.weight", "BF16", {16, 64}, m, false, ""},
+                                               {"d.weight", "BF16", {8, 128}, m, false, ""}});
+  absl::StatusOr<PackedCheckpoint> c = PackedCheckpoint::Open(dir + "/names.safetensors");
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<TensorInfo> d = c->Info("d.weight");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->name, "d.weight");
+  EXPECT_EQ(d->shape, (std::vector<int64_t>{8, 128}));
+  for (const char* missing : {"a.weight", "c.weight", "b.weigh", "e.weight"}) {
+    absl::StatusOr<TensorInfo> info = c->Info(missing);
+    EXPECT_EQ(info.status().code(), absl::StatusCode::kNotFound)
+        << missing << " found as " << (info.ok() ? info->name : "");
+  }
+}
+
 TEST(CheckpointTest, CorruptPackedFilesAreCaught) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);

@@ -260,6 +260,15 @@ TEST_F(CliTest, ArgumentsAfterDoubleDashAndSeparateValuesKeepTheirDashes) {
   const Result negated = Run({"tune", "--nosave", "--pdl=maybe"});
   EXPECT_EQ(negated.rc, 2);
   EXPECT_CONTAINS(negated.err, "bad --pdl=maybe");
+  // After "--" even --help is a file name, not a request for the usage text.
+  const Result help_file = Run({"pack", "-o", "out", "--", "--help"});
+  EXPECT_EQ(help_file.rc, 1) << help_file.out << help_file.err;
+  EXPECT_CONTAINS(help_file.err, "'--help'");
+  EXPECT_FALSE(absl::StrContains(help_file.out, "usage:")) << help_file.out;
+  // --noNAME negates a boolean flag only: --notop is no flag (nor --top taking the next word).
+  const Result no_int = Run({"tune", "--notop", "5"});
+  EXPECT_EQ(no_int.rc, 2) << no_int.err;
+  EXPECT_CONTAINS(no_int.err, "unknown flag '--notop'");
 }
 
 // Everything that can be checked is checked before the long work: a bad --arch or GEMVZ_ARCH, an
@@ -284,7 +293,8 @@ TEST_F(CliTest, BadArchOutputPathsAndRangesFailBeforeAnyWork) {
   }
   // GEMVZ_ARCH is the default --arch with or without a GPU.
   env_["GEMVZ_ARCH"] = "sm_80";
-  const Result warm = Run({"warmup", "z12.nw8.ug2.nb1.pipe3"});
+  // --j=1024 (kMaxThreads) is the top of --j's range, still accepted.
+  const Result warm = Run({"warmup", "z12.nw8.ug2.nb1.pipe3", "--j=1024"});
   EXPECT_EQ(warm.rc, 0) << warm.err;
   EXPECT_CONTAINS(warm.out, "1 kernels for sm_80");
   env_.erase("GEMVZ_ARCH");
@@ -465,10 +475,14 @@ TEST_F(CliTest, TuneSpaceFileSkipsBadLinesAndInvalidConfigurations) {
           << "\n"
           << "z12.nw8.ug2.nb1.pipe3.s16\n";
   }
+  // --top=0 prints every ranking line: a value of its range, not a usage error.
   const Result r = Run({"tune", "--shape=4096x8192", "--m=8", "--space=" + dir_ + "/space.txt",
                         "--json=" + dir_ + "/tune.json", "--replays=5", "--launches=16",
-                        "--rotate_mb=256"});
+                        "--rotate_mb=256", "--top=0"});
+  EXPECT_FALSE(absl::StrContains(r.err, "bad --top")) << r.err;
   EXPECT_CONTAINS(r.err, "space.txt:3: skipped");
+  // The '#' line is a comment: neither parsed nor reported.
+  EXPECT_FALSE(absl::StrContains(r.err, "space.txt:1:")) << r.err;
   EXPECT_CONTAINS(r.out, "skipped: configuration z12.nw8.ug2.nb1.pipe3.s16");
   if (!HasGpu()) {
     EXPECT_EQ(r.rc, 1) << r.err;
