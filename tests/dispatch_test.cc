@@ -666,7 +666,8 @@ TEST(BuiltinTableTest, EveryRowIsAValidLaunchOfItsShape) {
     EXPECT_EQ(c.config.format, c.format);
     EXPECT_TRUE(Validate(c.config, shape).ok()) << Msg(Validate(c.config, shape));
     EXPECT_EQ(c.config.nb, TokenBlocksFor(c.m));  // no wasted token blocks
-    EXPECT_TRUE(std::isfinite(c.time_us) && c.time_us >= 0);
+    // Every row was measured (tuned_table.cc): its time comes with it, for reports.
+    EXPECT_TRUE(std::isfinite(c.time_us) && c.time_us > 0) << c.time_us;
   }
   // The same object every time (callers keep references).
   EXPECT_EQ(&BuiltinTunedTable(), &BuiltinTunedTable());
@@ -1190,6 +1191,62 @@ TEST(HeuristicTest, ShortKDoesNotSplitAndRb2FillsTheGpu) {
     }
     if (c.rb > 1) EXPECT_GE(shape.n / (16 * c.rb), sm);  // RB 2 and 4 give every SM a CTA
   }
+  // The boundary, which the random shapes seldom reach: N/16 row blocks as many as the SMs (and
+  // around it) at NB 2-4, every short K. Where the RB 1 family holds as many CTAs per SM as an RB 2
+  // one, their fills tie (one CTA per SM is a quarter of the slots for both), so only the grid
+  // check keeps RB 2's N/32 CTAs off half the SMs (e.g. 132 x 16 rows, K = 1600, m = 16).
+  for (int sm : {46, 132, 264}) {
+    for (int64_t m : {12, 16, 24, 32}) {
+      for (int64_t blocks : {int64_t{sm} - 1, int64_t{sm}, int64_t{sm} + 1, 2 * int64_t{sm} - 1,
+                             4 * int64_t{sm} - 2}) {
+        for (int64_t k = 64; k < 8192; k += 64) {
+          const GemvShape shape{m, 16 * blocks, k};
+          const KernelConfig c = HeuristicConfig(shape, WeightFormat::kZ12, sm);
+          if (c.rb > 1) {
+            EXPECT_GE(blocks / c.rb, sm) << shape.ToString() << " sm" << sm << " " << c.ToString();
+          }
+        }
+      }
+    }
+  }
+}
+
+// Split K goes as far as a grid of exactly two CTAs per SM (kMaxSplitCtasPerSm), not one
+// slice short of it: 66 row blocks on 132 SMs split 4 ways (264 CTAs), 39 on 78 split 4 ways
+// (156), where S = 2 would leave half the slots empty. (SizesTheGridToTheGpu's random shapes
+// reach this boundary only by chance.)
+TEST(HeuristicTest, SplitsUpToExactlyTwoCtasPerSm) {
+  for (WeightFormat f : kFormats) {
+    for (int64_t m : {1, 16}) {
+      for (const auto& [n, sm] : {std::pair<int64_t, int>{1056, 132}, {624, 78}}) {
+        const GemvShape shape{m, n, 16384};
+        const KernelConfig c = HeuristicConfig(shape, f, sm);
+        EXPECT_EQ(n / 16 * c.splits, 2 * sm) << shape.ToString() << " sm" << sm << ": "
+                                             << c.ToString();
+      }
+    }
+  }
+}
+
+// EvenShares is true exactly when every warp of every K slice deals the same whole number of
+// trips of UG groups (kernel_sources/k_range.cuh): K / 64 groups split S ways, each slice's trips
+// dealt NW ways.
+TEST(HeuristicTest, EvenSharesCountEverySlice) {
+  for (int64_t groups = 1; groups <= 384; ++groups) {
+    for (int nw : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16}) {
+      for (int ug : {1, 2, 4}) {
+        for (int s : {1, 2, 3, 4, 6, 8}) {
+          const KernelConfig c{WeightFormat::kZ12, nw, ug, 1, 3, s};
+          bool even = groups % s == 0 && groups / s % ug == 0;  // whole trips in each slice
+          if (even) even = groups / s / ug % nw == 0;            // and each warp as many
+          EXPECT_EQ(EvenShares(groups, c), even) << groups << " groups, " << c.ToString();
+        }
+      }
+    }
+  }
+  // E.g. 96 groups split 4 ways: slices of 24 groups, 12 trips of UG 2 over 8 warps (2 or 1).
+  EXPECT_FALSE(EvenShares(96, KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 4}));
+  EXPECT_TRUE(EvenShares(128, KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 4}));
 }
 
 TEST(HeuristicTest, EdgeShapes) {
