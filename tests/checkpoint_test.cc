@@ -334,14 +334,8 @@ TEST(CheckpointTest, DeviceMatrixFromAPackedCheckpoint) {
   absl::StatusOr<PackedCheckpoint> ckpt = PackedCheckpoint::Open(dir + "/out");
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   const std::vector<uint16_t> x = ::gemvz::testing::RandomActivations(m, k, seed + 2);
-  std::vector<double> ref, abs_sum;
-  constexpr uint16_t kPoison = 0x7FC1;  // a NaN
-  const int64_t guard = n + 64;          // one more token row and 64 values
-  ::gemvz::testing::DeviceBuffer dx(x.size() * 2), dout(static_cast<size_t>((m * n + guard) * 2));
-  dx.Upload(x.data(), x.size() * 2);
   for (const auto& [name, bits] : {std::pair<const char*, const std::vector<uint16_t>*>{"w", &w},
                                    {"v", &v}}) {
-    ::gemvz::testing::ReferenceGemv(*bits, x, m, n, k, &ref, &abs_sum);
     for (const WeightOrder order : {WeightOrder::kBlockMajor, WeightOrder::kGroupMajor}) {
       SCOPED_TRACE(::testing::Message() << name << ", " << OrderName(order) << "-major");
       absl::StatusOr<DeviceMatrix> d = ckpt->GetDevice(name, 0, UploadOptions{order});
@@ -351,16 +345,7 @@ TEST(CheckpointTest, DeviceMatrixFromAPackedCheckpoint) {
       EXPECT_EQ(d->format(), WeightFormat::kZ12);
       EXPECT_EQ(d->device(), 0);
       EXPECT_EQ(d->order(), order);
-      dout.Fill16(kPoison);
-      const absl::Status st = Gemv(*d, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr);
-      ASSERT_TRUE(st.ok()) << st;
-      std::vector<uint16_t> got(static_cast<size_t>(m * n + guard));
-      dout.Download(got.data(), got.size() * 2);
-      for (int64_t i = m * n; i < m * n + guard; ++i) {
-        ASSERT_EQ(got[i], kPoison) << "a store past the output: value " << i - m * n;
-      }
-      got.resize(static_cast<size_t>(m * n));
-      EXPECT_EQ(::gemvz::testing::CompareToReference(got, ref, abs_sum, m, n), "");
+      EXPECT_EQ(::gemvz::testing::CheckGemv(*d, *bits, x, m), "");
     }
   }
   EXPECT_EQ(ckpt->GetDevice("nope").status().code(), absl::StatusCode::kNotFound);

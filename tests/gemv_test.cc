@@ -37,7 +37,7 @@ using testing::DeviceBuffer;
 using testing::Distribution;
 using testing::FreshSeed;
 
-constexpr uint16_t kPoison = 0x7FC1;  // a NaN: any output left unwritten fails the comparison
+using testing::kPoison;
 
 // The configurations of `format` over the given NW and S values, every UG (1, 2, 4), NB (1-4),
 // PIPE and, for z12, RB (1, 2, 4), that Validate accepts for one token row on [n, k], in that
@@ -74,36 +74,13 @@ struct Problem {
     return p;
   }
 
-  // Runs Gemv with m rows of fresh x on `stream` (nullptr: the legacy default stream) and
-  // compares to the reference; returns the error text. The output is followed by a poisoned
-  // guard of one more token row and 64 values, which must stay untouched: a store past the last
-  // token (a kernel's token block reaches past m when the last launch is short) or past the last
-  // row lands there, where the allocation's own slack would have hidden it.
+  // Runs Gemv with m rows of fresh x (or x_in) on `stream` (nullptr: the legacy default stream)
+  // and compares to the reference, the output followed by a poisoned guard
+  // (testing::CheckGemv); returns the error text.
   std::string Check(int64_t m, const GemvOptions& opt, uint64_t seed,
                     const std::vector<uint16_t>* x_in = nullptr, CUstream stream = nullptr) const {
-    std::vector<uint16_t> x = x_in ? *x_in : testing::RandomActivations(m, k, seed);
-    const int64_t guard = n + 64;
-    DeviceBuffer dx(x.size() * 2), dout(static_cast<size_t>((m * n + guard) * 2));
-    dx.Upload(x.data(), x.size() * 2);
-    dout.Fill16(kPoison);
-    if (stream != nullptr) testing::Synchronize();  // a non-blocking stream would not wait
-    absl::Status st = Gemv(dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt);
-    if (!st.ok()) return std::string(st.message());
-    if (stream != nullptr) testing::Synchronize();  // nor would the download wait for it
-    std::vector<uint16_t> got(static_cast<size_t>(m * n + guard));
-    dout.Download(got.data(), got.size() * 2);
-    std::string err;
-    for (int64_t i = m * n; i < m * n + guard; ++i) {
-      if (got[i] != kPoison) {
-        err = absl::StrCat("a store past the output: value ", i - m * n, " after the last (bits 0x",
-                           absl::Hex(got[i]), ")\n");
-        break;
-      }
-    }
-    got.resize(static_cast<size_t>(m * n));
-    std::vector<double> ref, abs_sum;
-    testing::ReferenceGemv(w, x, m, n, k, &ref, &abs_sum);
-    return err + testing::CompareToReference(got, ref, abs_sum, m, n);
+    const std::vector<uint16_t> x = x_in ? *x_in : testing::RandomActivations(m, k, seed);
+    return testing::CheckGemv(dm, w, x, m, opt, stream);
   }
 };
 

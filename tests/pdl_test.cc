@@ -23,7 +23,7 @@ using testing::DeviceBuffer;
 using testing::Distribution;
 using testing::FreshSeed;
 
-constexpr uint16_t kPoison = 0x7FC1;  // a NaN
+using testing::kPoison;
 constexpr int64_t kM = 16;
 
 // x_src [m, 1024] -> P (plain BF16, 4096 x 1024) -> x [m, 4096] -> A (12-bit, 8192 x 4096, one

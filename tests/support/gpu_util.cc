@@ -4,6 +4,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gemvz/format.h"
 #include "runtime/cuda/driver.h"
 
@@ -103,6 +104,33 @@ std::string CompareToReference(const std::vector<uint16_t>& got, const std::vect
   }
   if (bad > 0) os << bad << " of " << m * n << " outputs wrong\n";
   return os.str();
+}
+
+std::string CheckGemv(const DeviceMatrix& dm, const std::vector<uint16_t>& w,
+                      const std::vector<uint16_t>& x, int64_t m, const GemvOptions& opt,
+                      CUstream stream) {
+  const int64_t n = dm.rows(), k = dm.cols(), guard = n + 64;
+  DeviceBuffer dx(x.size() * 2), dout(static_cast<size_t>((m * n + guard) * 2));
+  dx.Upload(x.data(), x.size() * 2);
+  dout.Fill16(kPoison);
+  if (stream != nullptr) Synchronize();  // a non-blocking stream would not wait
+  absl::Status st = Gemv(dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt);
+  if (!st.ok()) return std::string(st.message());
+  if (stream != nullptr) Synchronize();  // nor would the download wait for it
+  std::vector<uint16_t> got(static_cast<size_t>(m * n + guard));
+  dout.Download(got.data(), got.size() * 2);
+  std::string err;
+  for (int64_t i = m * n; i < m * n + guard; ++i) {
+    if (got[i] != kPoison) {
+      err = absl::StrCat("a store past the output: value ", i - m * n, " after the last (bits 0x",
+                         absl::Hex(got[i]), ")\n");
+      break;
+    }
+  }
+  got.resize(static_cast<size_t>(m * n));
+  std::vector<double> ref, abs_sum;
+  ReferenceGemv(w, x, m, n, k, &ref, &abs_sum);
+  return err + CompareToReference(got, ref, abs_sum, m, n);
 }
 
 }  // namespace gemvz::testing

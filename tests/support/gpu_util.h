@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "gemvz/gemv.h"
 #include "gtest/gtest.h"
 
 namespace gemvz::testing {
@@ -66,5 +67,18 @@ std::string CompareToReference(const std::vector<uint16_t>& got, const std::vect
                                const std::vector<double>& abs_sum, int64_t m, int64_t n);
 
 void Synchronize();
+
+// A NaN: any output a GEMV leaves unwritten fails the comparison with the reference.
+inline constexpr uint16_t kPoison = 0x7FC1;
+
+// Runs Gemv on `dm` (uploaded from the BF16 weights w) with x (m rows) on `stream` (nullptr: the
+// legacy default stream) and compares with the double reference of w; returns the error text,
+// "" when right. The output is poisoned and followed by a poisoned guard of one more token row
+// and 64 values, which must stay untouched: a store past the last token (a kernel's token block
+// reaches past m when the last launch is short) or past the last row lands there, where the
+// allocation's own slack would have hidden it.
+std::string CheckGemv(const DeviceMatrix& dm, const std::vector<uint16_t>& w,
+                      const std::vector<uint16_t>& x, int64_t m, const GemvOptions& opt = {},
+                      CUstream stream = nullptr);
 
 }  // namespace gemvz::testing
