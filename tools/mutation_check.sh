@@ -76,10 +76,10 @@ export GEMVZ_CACHE_DIR="$saved/jit-cache"  # mutant kernels stay out of the user
 
 fast='^(Gemv\.|PdlTest\.|Shard\.|ApiExample\.|CliTest\.Demo)'
 long='UnevenSharesOfK|BroadConfigurationSweep|GroupMajorMatchesBlockMajorBitForBit|DispatcherChoicesOnTheSuite|DispatcherChoicesForM17To32'
-failed_tests() {  # the tests a ctest log lists as not passed, skipped and disabled ones aside
-  grep -E '^\s+[0-9]+ - ' "$1" | grep -vE '\((Skipped|Disabled)\)' |
-    sed -E 's/^\s+[0-9]+ - ([^ ]+).*/\1/' | tr '\n' ' '
-}
+# The tests a ctest log lists as not passed (its lines "  N - Name (State)"), by state.
+listed_tests() { grep -E '^\s+[0-9]+ - ' "$1" | sed -E 's/^\s+[0-9]+ - ([^ ]+).*/\1/' | tr '\n' ' '; }
+failed_tests() { listed_tests <(grep -vE '\((Skipped|Disabled)\)' "$1"); }  # skipped, disabled aside
+skipped_tests() { listed_tests <(grep -E '\(Skipped\)' "$1"); }
 # A mutant's tests (a GPU mutant's fast ones). A test that hangs fails at its ctest TIMEOUT
 # property (900 s, CMakeLists.txt), which --timeout would not shorten.
 run_tests() {  # run_tests gpu|gpu:REGEX|REGEX LOG
@@ -113,10 +113,9 @@ for m in "${mutants[@]}"; do
     echo "the GPU tests did not run (no GPU?): $log. Without a GPU, name CPU mutants (list)"
     exit 2
   fi
-  if [ "${t#gpu:}" != "$t" ] && grep -qE '\(Skipped\)' "$log"; then
-    echo "tests of $m skipped here, so it cannot be checked: $(grep -E '\(Skipped\)' "$log" |
-      sed -E 's/^\s+[0-9]+ - ([^ ]+).*/\1/' | tr '\n' ' ')($log; their reasons are in" \
-      "the test output). Name the mutants this machine can check (list)"
+  if [ "${t#gpu:}" != "$t" ] && [ -n "$(skipped_tests "$log")" ]; then
+    echo "tests of $m skipped here, so it cannot be checked: $(skipped_tests "$log")($log; their" \
+      "reasons are in the test output). Name the mutants this machine can check (list)"
     exit 2
   fi
   echo "baseline ($t): $(grep -E 'tests passed' "$log")"
