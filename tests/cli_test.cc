@@ -596,33 +596,24 @@ TEST_F(CliTest, BenchNeedsAGpuOrWritesTheDocumentedJson) {
   EXPECT_TRUE(doc["ok"].get<bool>());
 }
 
+// An attribute of GPU 0; 0 if the driver does not say.
+int DeviceAttribute(CUdevice_attribute attribute) {
+  absl::StatusOr<const gemvz::internal::DriverApi*> drv = gemvz::internal::Driver();
+  CUdevice dev = 0;
+  int value = 0;
+  if (!drv.ok() || (*drv)->cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+      (*drv)->cuDeviceGetAttribute(&value, attribute, dev) != CUDA_SUCCESS) {
+    return 0;
+  }
+  return value;
+}
 
 // The peak DRAM bandwidth of GPU 0 from its attributes (2 transfers a clock over the bus), in
 // TB/s; 0 if the driver does not say.
 double PeakDramTbps() {
-  absl::StatusOr<const gemvz::internal::DriverApi*> drv = gemvz::internal::Driver();
-  if (!drv.ok()) return 0;
-  CUdevice dev = 0;
-  int khz = 0, bits = 0;
-  if ((*drv)->cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
-      (*drv)->cuDeviceGetAttribute(&khz, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, dev) !=
-          CUDA_SUCCESS ||
-      (*drv)->cuDeviceGetAttribute(&bits, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, dev) !=
-          CUDA_SUCCESS) {
-    return 0;
-  }
+  const int khz = DeviceAttribute(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
+  const int bits = DeviceAttribute(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
   return 2.0 * khz * 1e3 * (bits / 8) / 1e12;
-}
-
-int64_t L2Bytes() {
-  absl::StatusOr<const gemvz::internal::DriverApi*> drv = gemvz::internal::Driver();
-  CUdevice dev = 0;
-  int bytes = 0;
-  if (!drv.ok() || (*drv)->cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
-      (*drv)->cuDeviceGetAttribute(&bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev) != CUDA_SUCCESS) {
-    return 0;
-  }
-  return bytes;
 }
 
 // What docs/CLI.md says of each number of a bench case, on a shape whose BF16 copy (64 MiB) is
@@ -655,7 +646,7 @@ TEST_F(CliTest, BenchCountsBytesCopiesAndLaunchesAsDocumentedAndStaysPhysical) {
   ASSERT_TRUE(doc["ok"].get<bool>());
   const int64_t rotate = doc["settings"]["rotate_bytes"].get<int64_t>();
   EXPECT_EQ(rotate, kRotateMiB << 20);
-  const int64_t l2 = L2Bytes();
+  const int64_t l2 = DeviceAttribute(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
   ASSERT_GT(l2, 0) << "the GPU's L2 size could not be read";
   EXPECT_GE(rotate, 2 * l2) << "the test's premise: each path's copies exceed the L2 twice";
 
