@@ -28,6 +28,12 @@ struct Opened {
   // The workload's x and output, typed for Gemv.
   const uint16_t* x() const { return reinterpret_cast<const uint16_t*>(work->x()); }
   uint16_t* out() const { return reinterpret_cast<uint16_t*>(work->out()); }
+  // RunAndCheck of one Gemv on `matrix` with the workload's x (m rows) into its output.
+  absl::StatusOr<ErrorCheck> RunGemv(const DeviceMatrix& matrix, int64_t m,
+                                     std::vector<uint16_t>* result) const {
+    return work->RunAndCheck(
+        m, [&] { return Gemv(matrix, x(), m, out(), work->stream()); }, result);
+  }
 };
 
 // A session on GPU 0 and the workload of one shape (weights N(0, 1/K), x, the reference), with
@@ -139,8 +145,7 @@ TEST(BenchGpu, RunAndCheckFailsAPathThatWritesNothing) {
   ASSERT_NE(o.plain, nullptr);
   ShapeWorkload& work = *o.work;
   std::vector<uint16_t> right, nothing;
-  absl::StatusOr<ErrorCheck> check = work.RunAndCheck(
-      kM, [&] { return Gemv((*o.plain)[0], o.x(), kM, o.out(), work.stream()); }, &right);
+  absl::StatusOr<ErrorCheck> check = o.RunGemv((*o.plain)[0], kM, &right);
   ASSERT_TRUE(check.ok()) << check.status();
   ASSERT_TRUE(check->ok()) << check->ToString();
   check = work.RunAndCheck(kM, [] { return absl::OkStatus(); }, &nothing);
@@ -172,11 +177,9 @@ TEST(BenchGpu, CheckAndCaptureGemvReportsALastCopyWithOtherBits) {
 
   // The premise: each is right, and their bits differ.
   std::vector<uint16_t> from_plain, from_z12;
-  absl::StatusOr<ErrorCheck> check = work.RunAndCheck(
-      kM, [&] { return Gemv((*o.plain)[0], o.x(), kM, o.out(), work.stream()); }, &from_plain);
+  absl::StatusOr<ErrorCheck> check = o.RunGemv((*o.plain)[0], kM, &from_plain);
   ASSERT_TRUE(check.ok() && check->ok()) << (check.ok() ? check->ToString() : "");
-  check = work.RunAndCheck(
-      kM, [&] { return Gemv((**z12)[0], o.x(), kM, o.out(), work.stream()); }, &from_z12);
+  check = o.RunGemv((**z12)[0], kM, &from_z12);
   ASSERT_TRUE(check.ok() && check->ok()) << (check.ok() ? check->ToString() : "");
   ASSERT_NE(from_plain, from_z12) << "the plain and 12-bit kernels agreed bit for bit on all "
                                   << kM * kN << " outputs: this test needs a case where they differ";
