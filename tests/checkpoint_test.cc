@@ -6,11 +6,14 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -945,6 +948,89 @@ TEST(CheckpointTest, CommandLineJsonReportOfANonUtf8FileName) {
   EXPECT_NE(report["tensors"][0]["file"].get<std::string>().find("w\xef\xbf\xbd.safetensors"),
             std::string::npos)
       << report.dump();
+}
+
+// An input truncated by another process while `gemvz pack` has it mapped: reading the lost pages
+// raises SIGBUS. The CLI must say what happened, remove its temporary output, and die by that
+// signal. To cut the input at the right moment, gemvz's stderr is a pipe filled up beforehand:
+// its first progress line (20 %, once tensor a of a and b is packed) blocks it until the test has
+// truncated the file at b and starts reading the pipe.
+TEST(CheckpointTest, CommandLineInputTruncatedMidPackIsExplainedAndLeavesNothing) {
+  if (ToolPath().empty() || ::access(ToolPath().c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "the gemvz CLI was not built";
+  }
+  const uint64_t seed = FreshSeed();
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string input = dir + "/m.safetensors", out_dir = dir + "/packed";
+  WriteCheckpoint(input, {{"a", "BF16", {256, 512},
+                           Bf16Bytes(RandomMatrix(256, 512, Distribution::kNormal, seed)), true, ""},
+                          {"b", "BF16", {1024, 512},
+                           Bf16Bytes(RandomMatrix(1024, 512, Distribution::kNormal, seed + 1)),
+                           true, ""}});
+  uint64_t b_offset = 0;
+  {
+    auto f = SafetensorsFile::Open(input);
+    ASSERT_TRUE(f.ok()) << f.status();
+    ASSERT_NE((*f)->Find("b"), nullptr);
+    b_offset = (*f)->data_offset() + (*f)->Find("b")->begin;
+    ASSERT_LT(b_offset + 4 * 4096, (*f)->file_size()) << "b must span pages past the cut";
+  }
+
+  int err_pipe[2];
+  ASSERT_EQ(::pipe2(err_pipe, O_CLOEXEC), 0);
+  // Full: 4 KiB writes until the pipe refuses them, then single bytes until it takes no more.
+  ASSERT_EQ(::fcntl(err_pipe[1], F_SETFL, O_NONBLOCK), 0);
+  const std::string chunk(4096, '.');
+  size_t filler = 0;
+  for (size_t n : {chunk.size(), size_t{1}}) {
+    ssize_t w;
+    while ((w = ::write(err_pipe[1], chunk.data(), n)) > 0) filler += static_cast<size_t>(w);
+    ASSERT_EQ(errno, EAGAIN);
+  }
+  ASSERT_EQ(::fcntl(err_pipe[1], F_SETFL, 0), 0);
+
+  const std::string out_path = dir + "/stdout.txt";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const struct rlimit none = {0, 0};
+    ::setrlimit(RLIMIT_CORE, &none);
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(err_pipe[1], STDERR_FILENO) < 0) {
+      ::_exit(126);
+    }
+    ::execl(ToolPath().c_str(), "gemvz", "pack", input.c_str(), "-o", out_dir.c_str(), "--j=2",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(err_pipe[1]);
+  // The input is mapped (and checked) once the temporary output exists.
+  bool started = false;
+  for (int i = 0; i < 3000 && !started; ++i) {
+    for (const std::string& name : ListDir(out_dir)) {
+      if (name.rfind("m.safetensors.tmp.", 0) == 0) started = true;
+    }
+    if (!started) ::usleep(10000);
+  }
+  EXPECT_TRUE(started) << "no temporary output appeared in 30 s";
+  EXPECT_EQ(::truncate(input.c_str(), static_cast<off_t>(b_offset)), 0);
+  std::string err;
+  char buf[4096];
+  ssize_t got;
+  while ((got = ::read(err_pipe[0], buf, sizeof buf)) > 0) err.append(buf, static_cast<size_t>(got));
+  ::close(err_pipe[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  err = err.substr(std::min(filler, err.size()));
+  ASSERT_TRUE(WIFSIGNALED(status))
+      << "exit status " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << "; stderr:\n" << err;
+  EXPECT_EQ(WTERMSIG(status), SIGBUS) << err;
+  EXPECT_NE(err.find("gemvz pack: 20%"), std::string::npos) << "a was packed first:\n" << err;
+  EXPECT_NE(err.find("gemvz: SIGBUS"), std::string::npos) << err;
+  EXPECT_EQ(err.find("gemvz: SIGBUS"), err.rfind("gemvz: SIGBUS")) << "said once:\n" << err;
+  EXPECT_NE(err.find("memory-mapped input file could not be read"), std::string::npos) << err;
+  EXPECT_NE(err.find("temporary files are removed"), std::string::npos) << err;
+  EXPECT_EQ(ListDir(out_dir), std::vector<std::string>{}) << "nothing published, nothing left";
 }
 
 // Not a test: writes the ~2 GB synthetic checkpoint that docs/CHECKPOINTS.md measures, to the

@@ -1,10 +1,12 @@
 // Tests of the CLI's signal handlers, in child processes: a writer interrupted by SIGINT, SIGTERM
 // or SIGHUP leaves no temporary file and the child still dies by that signal; a signal during a
-// deferral waits for its end; a signal ignored at start stays ignored.
+// deferral waits for its end; a signal ignored at start stays ignored; a mapped input truncated
+// under a reader (SIGBUS) is explained and leaves no temporary file.
 #include "tools/gemvz/signals.h"
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,12 +25,22 @@ namespace {
 
 using ::gemvz::testing::ListDir;
 using ::gemvz::testing::MakeTempDir;
+using ::gemvz::testing::ReadAll;
 
 // The handlers as a fresh `gemvz` would install them, whatever the test runner ignores.
 void InstallFromDefaults() {
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, SIG_DFL);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGBUS}) ::signal(sig, SIG_DFL);
   InstallTempFileCleanupOnSignals();
 }
+
+// In a child that is meant to die by SIGBUS: no core file, and stderr into `path`.
+void NoCoreStderrTo(const std::string& path) {
+  const struct rlimit none = {0, 0};
+  ::setrlimit(RLIMIT_CORE, &none);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd >= 0) ::dup2(fd, STDERR_FILENO);
+}
+
 
 void Touch(const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -161,6 +173,65 @@ TEST(SignalsTest, ASignalIgnoredAtStartStaysIgnored) {
   ASSERT_TRUE(WIFEXITED(status)) << Describe(status);
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"x.tmp.1"}));
+}
+
+TEST(SignalsTest, AMappedInputTruncatedUnderTheReaderIsExplainedAndLeavesNothing) {
+  // The packer's situation: an input mapped, an output half written, and another process
+  // truncates the input. Reading the lost pages raises SIGBUS.
+  const std::string in_dir = MakeTempDir("signals_test"), out_dir = MakeTempDir("signals_test");
+  const std::string input = in_dir + "/in.safetensors", log = in_dir + "/stderr.txt";
+  {
+    auto w = internal::SafetensorsWriter::Create(input, 256);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const std::string bytes(1 << 20, '\x5a');
+    ASSERT_TRUE((*w)->AddTensor("w", "U8", {1 << 20}, bytes.data(), bytes.size()).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+    ASSERT_TRUE((*w)->Publish().ok());
+  }
+  const int status = RunChild([&](int) {
+        NoCoreStderrTo(log);
+        InstallFromDefaults();
+        auto f = internal::SafetensorsFile::Open(input);
+        if (!f.ok() || (*f)->Find("w") == nullptr) ::_exit(3);
+        auto w = internal::SafetensorsWriter::Create(out_dir + "/out.safetensors", 256);
+        if (!w.ok() || !(*w)->BeginTensor("w", "U8", {1 << 20}).ok()) ::_exit(4);
+        const uint8_t* data = (*f)->data(*(*f)->Find("w"));
+        if (!(*w)->Write(data, 4096).ok()) ::_exit(5);  // the first page, read before the loss
+        if (ListDir(out_dir).size() != 1) ::_exit(6);     // the temporary output is there
+        if (::truncate(input.c_str(), 8) != 0) ::_exit(7);
+        volatile uint8_t sink = 0;
+        for (size_t i = 0; i < (size_t{1} << 20); i += 4096) sink ^= data[i];
+        ::_exit(8);  // a read past the file's new end must not return
+      });
+  ASSERT_TRUE(WIFSIGNALED(status)) << Describe(status) << "; stderr: " << ReadAll(log);
+  EXPECT_EQ(WTERMSIG(status), SIGBUS) << "the exit status must say the signal";
+  EXPECT_EQ(ListDir(out_dir), std::vector<std::string>{});
+  const std::string err = ReadAll(log);
+  EXPECT_NE(err.find("gemvz: SIGBUS"), std::string::npos) << err;
+  EXPECT_NE(err.find("memory-mapped input file could not be read"), std::string::npos) << err;
+  EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+  EXPECT_NE(err.find("temporary files are removed"), std::string::npos) << err;
+}
+
+TEST(SignalsTest, ABusErrorDuringAPublishLeavesItsFilesAsTheyAre) {
+  // A fault cannot wait for the deferral to end; removing half a publish's files would be worse
+  // than leaving them, so the handler leaves them and says so.
+  const std::string dir = MakeTempDir("signals_test"), log_dir = MakeTempDir("signals_test");
+  const std::string temp = dir + "/x.tmp.1", log = log_dir + "/stderr.txt";
+  const int status = RunChild([&](int) {
+    NoCoreStderrTo(log);
+    InstallFromDefaults();
+    internal::TempFileRegistration r(temp);
+    Touch(temp);
+    internal::FatalSignalDeferral defer;
+    ::raise(SIGBUS);
+    ::_exit(9);  // not postponed: it must not return here
+  });
+  ASSERT_TRUE(WIFSIGNALED(status)) << Describe(status);
+  EXPECT_EQ(WTERMSIG(status), SIGBUS);
+  EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"x.tmp.1"}));
+  EXPECT_NE(ReadAll(log).find("being published: they are left as they are"), std::string::npos)
+      << ReadAll(log);
 }
 
 }  // namespace

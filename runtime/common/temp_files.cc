@@ -118,6 +118,8 @@ FatalSignalDeferral::~FatalSignalDeferral() {
   if (const int sig = g_deferred_signal.exchange(0); sig != 0) ::raise(sig);
 }
 
+bool FatalSignalDeferralOpen() { return g_deferral_depth.load() > 0; }
+
 bool DeferFatalSignal(int sig) {
   if (g_deferral_depth.load() == 0) return false;
   g_deferred_signal.store(sig);

@@ -1,6 +1,7 @@
-// What a handler of SIGINT/SIGTERM/SIGHUP needs to leave the file system clean: the temporary
-// files this process is writing (to remove), and the sections it must not cut in half (publishing
-// several files together). Installing the handler is the program's business (gemvz: signals.h).
+// What a handler of SIGINT/SIGTERM/SIGHUP or SIGBUS needs to leave the file system clean: the
+// temporary files this process is writing (to remove), and the sections it must not cut in half
+// (publishing several files together). Installing the handler is the program's business (gemvz:
+// signals.h).
 #pragma once
 
 #include <cstddef>
@@ -60,5 +61,10 @@ class FatalSignalDeferral {
 // has been recorded and will be raised again when it closes, and the handler must return at once.
 // Async-signal-safe.
 bool DeferFatalSignal(int sig);
+
+// True while a FatalSignalDeferral is open: for a handler of a signal that cannot wait (a fault
+// such as SIGBUS, which would recur at once), so that it leaves a publish's files as they are
+// instead of removing half of them. Async-signal-safe.
+bool FatalSignalDeferralOpen();
 
 }  // namespace gemvz::internal
