@@ -679,11 +679,10 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
     ASSIGN_OR_RETURN(const std::vector<double> us, timer.MedianMicros(tools.timing));
     // The fastest form, and its name.
     auto fastest = [&](const std::vector<int>& graphs, int64_t bytes) {
-      int best = 0;
-      for (int form = 1; form < static_cast<int>(graphs.size()); ++form) {
-        if (us[graphs[form]] < us[graphs[best]]) best = form;
-      }
-      return TimedPath{us[graphs[best]], BandwidthProbe::BytesRead(bytes), -1, false,
+      std::vector<double> times;
+      for (const int graph : graphs) times.push_back(us[graph]);
+      const int best = FastestForm(times);
+      return TimedPath{times[best], BandwidthProbe::BytesRead(bytes), -1, false,
                        tools.probe->kernel_name(best)};
     };
 

@@ -107,6 +107,9 @@ struct ProbeForm {
 };
 // The forms `gemvz bench` times; the fastest is the ceiling (and the streaming bound).
 const std::vector<ProbeForm>& ProbeForms();
+// Which of the forms was fastest: the index into `form_times_us` (one median time per form, in
+// ProbeForms() order) of the least; the first of equals. -1 when there are none.
+int FastestForm(const std::vector<double>& form_times_us);
 
 // One timed path of one (shape, m).
 struct TimedPath {
