@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -976,18 +978,29 @@ TEST(CheckpointTest, CommandLineInputTruncatedMidPackIsExplainedAndLeavesNothing
     ASSERT_LT(b_offset + 4 * 4096, (*f)->file_size()) << "b must span pages past the cut";
   }
 
-  int err_pipe[2];
-  ASSERT_EQ(::pipe2(err_pipe, O_CLOEXEC), 0);
+  // Both ends closed however the test ends.
+  struct Pipe {
+    int fd[2] = {-1, -1};
+    void Close(int end) {
+      if (fd[end] >= 0) ::close(fd[end]);
+      fd[end] = -1;
+    }
+    ~Pipe() {
+      Close(0);
+      Close(1);
+    }
+  } err_pipe;
+  ASSERT_EQ(::pipe2(err_pipe.fd, O_CLOEXEC), 0);
   // Full: 4 KiB writes until the pipe refuses them, then single bytes until it takes no more.
-  ASSERT_EQ(::fcntl(err_pipe[1], F_SETFL, O_NONBLOCK), 0);
+  ASSERT_EQ(::fcntl(err_pipe.fd[1], F_SETFL, O_NONBLOCK), 0);
   const std::string chunk(4096, '.');
   size_t filler = 0;
   for (size_t n : {chunk.size(), size_t{1}}) {
     ssize_t w;
-    while ((w = ::write(err_pipe[1], chunk.data(), n)) > 0) filler += static_cast<size_t>(w);
+    while ((w = ::write(err_pipe.fd[1], chunk.data(), n)) > 0) filler += static_cast<size_t>(w);
     ASSERT_EQ(errno, EAGAIN);
   }
-  ASSERT_EQ(::fcntl(err_pipe[1], F_SETFL, 0), 0);
+  ASSERT_EQ(::fcntl(err_pipe.fd[1], F_SETFL, 0), 0);
 
   const std::string out_path = dir + "/stdout.txt";
   const pid_t pid = ::fork();
@@ -995,33 +1008,52 @@ TEST(CheckpointTest, CommandLineInputTruncatedMidPackIsExplainedAndLeavesNothing
   if (pid == 0) {
     const struct rlimit none = {0, 0};
     ::setrlimit(RLIMIT_CORE, &none);
-    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(err_pipe[1], STDERR_FILENO) < 0) {
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(err_pipe.fd[1], STDERR_FILENO) < 0) {
       ::_exit(126);
     }
     ::execl(ToolPath().c_str(), "gemvz", "pack", input.c_str(), "-o", out_dir.c_str(), "--j=2",
             static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  ::close(err_pipe[1]);
-  // The input is mapped (and checked) once the temporary output exists.
-  bool started = false;
-  for (int i = 0; i < 3000 && !started; ++i) {
+  err_pipe.Close(1);
+  // The input is mapped (and checked) once the temporary output exists. A gemvz that ends first,
+  // or stalls on the full pipe before it (an early error), is seen within 30 s.
+  bool started = false, ended = false;
+  int status = 0;
+  for (int i = 0; i < 3000 && !started && !ended; ++i) {
     for (const std::string& name : ListDir(out_dir)) {
       if (name.rfind("m.safetensors.tmp.", 0) == 0) started = true;
     }
-    if (!started) ::usleep(10000);
+    ended = ::waitpid(pid, &status, WNOHANG) == pid;
+    if (!started && !ended) ::usleep(10000);
   }
-  EXPECT_TRUE(started) << "no temporary output appeared in 30 s";
+  EXPECT_TRUE(started) << "no temporary output appeared (gemvz " << (ended ? "ended" : "stalled")
+                       << ")";
   EXPECT_EQ(::truncate(input.c_str(), static_cast<off_t>(b_offset)), 0);
+  // Reading stderr lets gemvz go on; it ends (the pipe closes) or is killed after 60 s.
   std::string err;
-  char buf[4096];
-  ssize_t got;
-  while ((got = ::read(err_pipe[0], buf, sizeof buf)) > 0) err.append(buf, static_cast<size_t>(got));
-  ::close(err_pipe[0]);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  bool timed_out = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (char buf[4096];;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    struct pollfd pfd = {err_pipe.fd[0], POLLIN, 0};
+    if (left <= 0 || ::poll(&pfd, 1, static_cast<int>(left)) == 0) {
+      timed_out = true;
+      break;
+    }
+    const ssize_t got = ::read(err_pipe.fd[0], buf, sizeof buf);
+    if (got <= 0) break;
+    err.append(buf, static_cast<size_t>(got));
+  }
+  if (!ended) {
+    if (timed_out) ::kill(pid, SIGKILL);
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  }
   err = err.substr(std::min(filler, err.size()));
+  ASSERT_FALSE(timed_out) << "gemvz did not end within 60 s of the truncation; stderr:\n" << err;
   ASSERT_TRUE(WIFSIGNALED(status))
       << "exit status " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << "; stderr:\n" << err;
   EXPECT_EQ(WTERMSIG(status), SIGBUS) << err;
@@ -1029,7 +1061,7 @@ TEST(CheckpointTest, CommandLineInputTruncatedMidPackIsExplainedAndLeavesNothing
   EXPECT_NE(err.find("gemvz: SIGBUS"), std::string::npos) << err;
   EXPECT_EQ(err.find("gemvz: SIGBUS"), err.rfind("gemvz: SIGBUS")) << "said once:\n" << err;
   EXPECT_NE(err.find("memory-mapped input file could not be read"), std::string::npos) << err;
-  EXPECT_NE(err.find("temporary files are removed"), std::string::npos) << err;
+  EXPECT_NE(err.find("temporary files were removed"), std::string::npos) << err;
   EXPECT_EQ(ListDir(out_dir), std::vector<std::string>{}) << "nothing published, nothing left";
 }
 

@@ -37,39 +37,63 @@ std::atomic<bool> g_fault_reported{false};  // constant-initialized: no guard in
 
 void WriteStderr(const char* s) { (void)!::write(STDERR_FILENO, s, std::strlen(s)); }
 
-// SIGBUS: on Linux, a read of a memory-mapped page the file no longer has (it shrank while
-// mapped) or that its storage could not deliver (an I/O error). The inputs of `gemvz pack` and
-// the packed checkpoints are mapped. A fault cannot be postponed (returning retries the load), so
-// the handler says what happened, removes the temporary files unless a publish is under way (its
-// files are then left as they are: half removed would be worse), and lets the default action end
-// the process. Only async-signal-safe calls: a lock-free atomic, write, pause, the registry's
-// unlinks, sigaction, raise.
-void ReportFaultThenDie(int sig, siginfo_t* info, void*) {
+// `v` in hexadecimal, 16 digits after "0x", into `out` (19 bytes with the NUL).
+void Hex(uintptr_t v, char (&out)[19]) {
+  out[0] = '0';
+  out[1] = 'x';
+  for (int i = 0; i < 16; ++i) out[2 + i] = "0123456789abcdef"[(v >> (60 - 4 * i)) & 0xF];
+  out[18] = '\0';
+}
+
+// A SIGBUS the kernel raised for a load: on Linux a read of a memory-mapped page the file no
+// longer has (it shrank while mapped) or that its storage could not deliver (BUS_ADRERR,
+// BUS_OBJERR); else a misaligned access or a memory error (BUS_ADRALN, BUS_MCEERR_*). The inputs
+// of `gemvz pack` and the packed checkpoints are mapped. A fault cannot be postponed (returning
+// retries the load), so the handler removes the temporary files unless a publish is under way
+// (anywhere in the process: its files are then left as they are, half removed would be worse),
+// then says what happened (after the removal: a stalled stderr must not keep the files), and lets
+// the default action end the process. Only async-signal-safe calls: a lock-free atomic, write,
+// pause, the registry's unlinks, sigaction, raise.
+void ReportFaultThenDie(int sig, const siginfo_t& info) {
   // Packing threads that fault together: the first reports and ends the process, the rest wait.
   if (g_fault_reported.exchange(true)) {
     for (;;) ::pause();
   }
-  char address[2 + 16 + 1] = "0x";
-  const uintptr_t a = reinterpret_cast<uintptr_t>(info != nullptr ? info->si_addr : nullptr);
-  for (int i = 0; i < 16; ++i) address[2 + i] = "0123456789abcdef"[(a >> (60 - 4 * i)) & 0xF];
-  address[18] = '\0';
-  WriteStderr("\ngemvz: SIGBUS (a bus error) reading address ");
+  const bool publishing = internal::FatalSignalDeferralOpen();
+  if (!publishing) internal::UnlinkTempFilesForSignal();
+  char address[19];
+  Hex(reinterpret_cast<uintptr_t>(info.si_addr), address);
+  const int c = info.si_code > 0 && info.si_code < 10 ? info.si_code : 0;  // 1-5 on Linux
+  const char code[2] = {static_cast<char>('0' + c), '\0'};
+  WriteStderr("\ngemvz: SIGBUS (a bus error, code ");
+  WriteStderr(code);
+  WriteStderr(") at address ");
   WriteStderr(address);
-  WriteStderr(
-      ": a memory-mapped input file could not be read. Most likely it was truncated or rewritten "
-      "while gemvz had it open, or its storage returned an I/O error; check the file and run "
-      "again.");
-  if (internal::FatalSignalDeferralOpen()) {
-    WriteStderr(" Outputs were being published: they are left as they are.\n");
+  if (info.si_code == BUS_ADRERR || info.si_code == BUS_OBJERR) {
+    WriteStderr(
+        ": a memory-mapped input file could not be read. Most likely it shrank (was truncated) "
+        "while gemvz had it open, or its storage returned an I/O error; check the file and run "
+        "again.");
   } else {
-    internal::UnlinkTempFilesForSignal();
-    WriteStderr(" The run's temporary files are removed.\n");
+    WriteStderr(": not a mapped file's page (a misaligned access or a memory error).");
   }
+  WriteStderr(publishing ? " Outputs were being published: they are left as they are.\n"
+                         : " The run's temporary files were removed.\n");
   struct sigaction dfl = {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
   sigaction(sig, &dfl, nullptr);
   raise(sig);  // blocked in the handler: delivered with the default action as it returns
+}
+
+// SIGBUS sent by a process (kill, raise: si_code <= 0) is a request to end like SIGTERM, which
+// can wait for a publish; one the kernel raised is a fault.
+void OnSigbus(int sig, siginfo_t* info, void*) {
+  if (info == nullptr || info->si_code <= 0) {
+    RemoveTempFilesThenDie(sig);
+  } else {
+    ReportFaultThenDie(sig, *info);
+  }
 }
 
 }  // namespace
@@ -89,11 +113,9 @@ void InstallTempFileCleanupOnSignals() {
   }
 
   // A fault is never ignored (POSIX leaves ignoring SIGBUS undefined), so no check for SIG_IGN.
-  struct sigaction bus = {};
-  bus.sa_sigaction = ReportFaultThenDie;
-  sigemptyset(&bus.sa_mask);
-  for (int sig : kSignals) sigaddset(&bus.sa_mask, sig);
-  bus.sa_flags = SA_SIGINFO;
+  struct sigaction bus = sa;
+  bus.sa_sigaction = OnSigbus;
+  bus.sa_flags = SA_SIGINFO | SA_RESTART;
   sigaction(SIGBUS, &bus, nullptr);
 }
 
