@@ -394,18 +394,18 @@ std::string ProbeForm::NameExpression() const {
 // docs/BENCHMARKS.md, "The ceiling"), the fastest of these three was within 0.2 % of the fastest
 // of all at every size: fewer loads in flight per thread win at 25-50 MB, more above 170 MB. The
 // one form used until then (UNROLL 4, 512 threads, 4 blocks per SM) was 0.1-5 % slower.
+const std::vector<ProbeForm>& ProbeForms() {
+  static const std::vector<ProbeForm>* forms =
+      new std::vector<ProbeForm>{{2, 256, 8}, {4, 256, 8}, {8, 1024, 2}};
+  return *forms;
+}
+
 int FastestForm(const std::vector<double>& form_times_us) {
   int best = form_times_us.empty() ? -1 : 0;
   for (int form = 1; form < static_cast<int>(form_times_us.size()); ++form) {
     if (form_times_us[form] < form_times_us[best]) best = form;
   }
   return best;
-}
-
-const std::vector<ProbeForm>& ProbeForms() {
-  static const std::vector<ProbeForm>* forms =
-      new std::vector<ProbeForm>{{2, 256, 8}, {4, 256, 8}, {8, 1024, 2}};
-  return *forms;
 }
 
 double TeraBytesPerSecond(int64_t bytes, double time_us) {

@@ -15,6 +15,17 @@ namespace {
 
 constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
+// From a handler of `sig`: restores its default action and raises it again. Blocked while the
+// handler runs, it is delivered, with the default action, as the handler returns. Only
+// async-signal-safe calls: sigaction, raise.
+void DieByDefaultActionOnReturn(int sig) {
+  struct sigaction dfl = {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+  raise(sig);
+}
+
 // Only async-signal-safe calls: the registry's unlinks, sigaction, raise.
 void RemoveTempFilesThenDie(int sig) {
   const int saved_errno = errno;
@@ -24,12 +35,7 @@ void RemoveTempFilesThenDie(int sig) {
     return;
   }
   internal::UnlinkTempFilesForSignal();
-  struct sigaction dfl = {};
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  sigaction(sig, &dfl, nullptr);
-  // Blocked while this handler runs: delivered, with the default action, as it returns.
-  raise(sig);
+  DieByDefaultActionOnReturn(sig);
   errno = saved_errno;
 }
 
@@ -79,11 +85,7 @@ void ReportFaultThenDie(int sig, const siginfo_t& info) {
   }
   WriteStderr(publishing ? " Outputs were being published: they are left as they are.\n"
                          : " The run's temporary files were removed.\n");
-  struct sigaction dfl = {};
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  sigaction(sig, &dfl, nullptr);
-  raise(sig);  // blocked in the handler: delivered with the default action as it returns
+  DieByDefaultActionOnReturn(sig);
 }
 
 // SIGBUS sent by a process (kill, raise: si_code <= 0) is a request to end like SIGTERM, which
