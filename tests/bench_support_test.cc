@@ -146,11 +146,16 @@ TEST(ShapesFromFlag, SuiteQuickAndOne) {
   ASSERT_EQ(quick->size(), 2u);
   EXPECT_EQ((*quick)[0].ToString(), "4096x8192");
   EXPECT_EQ((*quick)[1].ToString(), "6144x4096");
-  absl::StatusOr<std::vector<MatrixShape>> one = ShapesFromFlag("32x128", true);
+  absl::StatusOr<std::vector<MatrixShape>> one = ShapesFromFlag("32x128", false);
   ASSERT_TRUE(one.ok());
   ASSERT_EQ(one->size(), 1u);
   EXPECT_EQ((*one)[0].ToString(), "32x128");
   EXPECT_FALSE(ShapesFromFlag("32y128", false).ok());
+  // --quick chooses the shapes too: both at once is a conflict, not one silently winning.
+  const absl::StatusOr<std::vector<MatrixShape>> both = ShapesFromFlag("32x128", true);
+  ASSERT_FALSE(both.ok());
+  EXPECT_EQ(both.status().message(),
+            "--quick and --shape both choose the shapes: give one of them");
 }
 
 TEST(SequenceFromFlag, LayerNameListsAndErrors) {

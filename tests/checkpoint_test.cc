@@ -932,6 +932,44 @@ TEST(CheckpointTest, CommandLine) {
   EXPECT_NE(out.find("usage: gemvz pack"), std::string::npos);
 }
 
+// --json may not replace an input nor a packed output, however it is spelt (a link, "./",
+// an output directory that exists or is still to be made), and -o must be a directory: usage
+// errors (exit 2) before any work, every file as it was.
+TEST(CheckpointTest, CommandLineRefusesAReportOverAnInputOrAnOutput) {
+  if (ToolPath().empty() || ::access(ToolPath().c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "the gemvz CLI was not built";
+  }
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string a = dir + "/a.safetensors";
+  WriteCheckpoint(a, SyntheticShards(FreshSeed())[0]);
+  const std::string original = ReadAll(a);
+  std::string out, err;
+  ASSERT_EQ(RunTool("pack " + a + " -o " + dir + "/packed", &out, &err, dir), 0) << err;
+  const std::string packed = ReadAll(dir + "/packed/a.safetensors");
+  ASSERT_EQ(::symlink(a.c_str(), (dir + "/link.json").c_str()), 0);
+  const struct {
+    std::string args, message;
+  } cases[] = {
+      {a + " -o " + dir + "/p1 --json=" + a, "is the input '" + a + "'"},
+      {a + " -o " + dir + "/p1 --json=" + dir + "/./a.safetensors", "is the input '" + a + "'"},
+      {a + " -o " + dir + "/p1 --json=" + dir + "/link.json", "is the input '" + a + "'"},
+      {a + " -o " + dir + "/packed --json=" + dir + "/packed/a.safetensors",
+       "is where '" + a + "' is packed to"},
+      {a + " -o " + dir + "/p2/ --json=" + dir + "/p2/a.safetensors",
+       "is where '" + a + "' is packed to"},
+      {a + " " + dir + "/./a.safetensors -o " + dir + "/p3",
+       "the input '" + a + "' is given twice"},
+      {a + " -o " + a, "-o " + a + " is not a directory"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(RunTool("pack " + c.args, &out, &err, dir), 2) << c.args << "\n" << err;
+    EXPECT_NE(err.find(c.message), std::string::npos) << c.args << "\n" << err;
+  }
+  EXPECT_EQ(ReadAll(a), original);
+  EXPECT_EQ(ReadAll(dir + "/packed/a.safetensors"), packed);
+  for (const char* made : {"/p1", "/p2", "/p3"}) EXPECT_FALSE(Exists(dir + made)) << made;
+}
+
 // File names are bytes, not UTF-8: such an input's --json report is written (with U+FFFD in
 // place of the bad byte), and the command does not abort once its outputs are published.
 TEST(CheckpointTest, CommandLineJsonReportOfANonUtf8FileName) {

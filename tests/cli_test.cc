@@ -62,8 +62,10 @@ class CliTest : public ::testing::Test {
     env_["GEMVZ_TUNING_FILE"] = dir_ + "/tuning.json";
   }
 
-  Result Run(const std::vector<std::string>& args) {
-    std::string cmd = absl::StrCat("cd ", Quote(dir_), " && env");
+  // `before` runs in the same shell first (a ulimit, say).
+  Result Run(const std::vector<std::string>& args, const std::string& before = "") {
+    std::string cmd =
+        absl::StrCat("cd ", Quote(dir_), " && ", before.empty() ? "" : before + " && ", "env");
     for (const auto& [k, v] : env_) absl::StrAppend(&cmd, " ", k, "=", Quote(v));
     absl::StrAppend(&cmd, " ", Quote(GEMVZ_TOOL_PATH));
     for (const std::string& a : args) absl::StrAppend(&cmd, " ", Quote(a));
@@ -127,6 +129,12 @@ TEST_F(CliTest, HelpListsTheCommands) {
   const Result unknown = Run({"frobnicate"});
   EXPECT_EQ(unknown.rc, 2);
   EXPECT_CONTAINS(unknown.err, "unknown command 'frobnicate'");
+  // help's own help is the overview.
+  for (const char* again : {"help", "--help"}) {
+    const Result r = Run({"help", again});
+    EXPECT_EQ(r.rc, 0) << again << ": " << r.err;
+    EXPECT_EQ(r.out, help.out) << again;
+  }
 }
 
 TEST_F(CliTest, EveryCommandHasAUsageText) {
@@ -508,6 +516,131 @@ TEST_F(CliTest, TuneSpaceFileSkipsBadLinesAndInvalidConfigurations) {
 
 // GEMVZ_FORCE_CONFIG is process-wide: the demo plans it, as Gemv runs it, in each matrix's weight
 // order (on sm_90 4096x8192 is uploaded group-major, 6144x4096 block-major).
+// An output file may not replace another file of the same command line: usage errors, before
+// any work, and the file as it was (pack's inputs and outputs: checkpoint_test).
+TEST_F(CliTest, AnOutputThatWouldReplaceAnotherFileOfTheCommandIsAUsageError) {
+  const std::string configs = "z12.nw8.ug2.nb1.pipe3\n";
+  gemvz::testing::WriteAll(dir_ + "/configs.txt", configs);
+  gemvz::testing::WriteAll(dir_ + "/space.txt", configs);
+  gemvz::testing::WriteAll(dir_ + "/tuning.json", "{}");
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"warmup", "--configs=configs.txt", "--json=configs.txt"},
+       "--json=configs.txt is the --configs file"},
+      {{"warmup", "--configs=configs.txt", "--json=./configs.txt"},
+       "--json=./configs.txt is the --configs file"},
+      {{"tune", "--space=space.txt", "--json=space.txt"}, "--json=space.txt is the --space file"},
+      {{"tune", "--config=z12.nw8.ug2.nb1.pipe3.s1", "--save", "--json=tuning.json"},
+       "--json=tuning.json is the tuning file that --save writes"},
+      {{"bench", "--json=r.json", "--plot=./r.json"}, "--plot=./r.json is the --json file"},
+  };
+  for (const auto& c : cases) {
+    const Result r = Run(c.args);
+    EXPECT_EQ(r.rc, 2) << absl::StrJoin(c.args, " ") << ": " << r.err;
+    EXPECT_CONTAINS(r.err, c.message);
+    EXPECT_FALSE(absl::StrContains(r.out, "compiled")) << r.out;
+  }
+  EXPECT_EQ(ReadAll(dir_ + "/configs.txt"), configs);
+  EXPECT_EQ(ReadAll(dir_ + "/space.txt"), configs);
+  EXPECT_EQ(ReadAll(dir_ + "/tuning.json"), "{}");
+  EXPECT_FALSE(Exists(dir_ + "/r.json"));
+}
+
+// Each write prunes the cache to its cap: a cap too small for a warm-up's kernels evicts some of
+// them, and the warm-up, whose job is to leave them all there, fails saying so.
+TEST_F(CliTest, WarmupFailsWhenTheCacheCapCannotHoldItsKernels) {
+  const std::vector<std::string> args = {"warmup",
+                                         "z12.nw8.ug2.nb1.pipe3",
+                                         "bf16.nw4.ug2.nb1.pipe3",
+                                         "z12.nw16.ug1.nb1.pipe2",
+                                         "--arch=sm_90",
+                                         "--j=2"};
+  env_["GEMVZ_CACHE_MAX_BYTES"] = "100K";  // each entry is 40-90 KiB
+  const Result small = Run(args);
+  EXPECT_EQ(small.rc, 1) << small.out << small.err;
+  EXPECT_CONTAINS(small.out, "of 3 kernels are no longer in " + dir_ + "/cache");
+  EXPECT_CONTAINS(small.out, "its size cap, 102400 bytes");
+  env_.erase("GEMVZ_CACHE_MAX_BYTES");
+  const Result fits = Run(args);
+  EXPECT_EQ(fits.rc, 0) << fits.out << fits.err;
+  EXPECT_CONTAINS(fits.out, "cache: " + dir_ + "/cache");
+  const Result again = Run(args);
+  EXPECT_EQ(again.rc, 0) << again.out << again.err;
+  EXPECT_CONTAINS(again.out, "(all hits)");
+}
+
+// Settings that would otherwise be ignored, or taken in a way the user did not mean.
+TEST_F(CliTest, FlagsAndVariablesThatWouldBeIgnoredAreUsageErrors) {
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"cache", "verify", "--json=v.json"}, "--json is for 'gemvz cache list', not 'verify'"},
+      {{"cache", "dir", "--json=v.json"}, "--json is for 'gemvz cache list', not 'dir'"},
+      {{"cache", "clear", "--cache_remove_bad"},
+       "--cache_remove_bad is for 'gemvz cache verify', not 'clear'"},
+      {{"cache", "list", "--cache_max_bytes=1G"},
+       "--cache_max_bytes is for 'gemvz cache prune', not 'list'"},
+      {{"demo", "--quick", "--shape=64x64"}, "--quick and --shape both choose the shapes"},
+      {{"tune", "--space=space.txt", "--sweep_format=bf16"},
+       "--sweep_format chooses what --sweep explores"},
+      {{"demo", "--device=-1"}, "bad --device=-1: expected a GPU ordinal, 0 or more"},
+      {{"bench", "--device=-1"}, "bad --device=-1: expected a GPU ordinal, 0 or more"},
+      {{"tune", "--config=z12.nw8.ug2.nb1.pipe3.s1", "--device=-2"}, "bad --device=-2"},
+  };
+  gemvz::testing::WriteAll(dir_ + "/space.txt", "z12.nw8.ug2.nb1.pipe3\n");
+  for (const auto& c : cases) {
+    const Result r = Run(c.args);
+    EXPECT_EQ(r.rc, 2) << absl::StrJoin(c.args, " ") << ": " << r.err;
+    EXPECT_CONTAINS(r.err, c.message);
+  }
+  EXPECT_FALSE(Exists(dir_ + "/v.json"));
+  // A configuration Gemv would refuse for a shape is refused by the demo before it packs, as is
+  // a bad GEMVZ_WEIGHT_ORDER: the environment's mistakes are usage errors, as in tune.
+  env_["GEMVZ_FORCE_CONFIG"] = "z12.nw8.ug2.nb1.pipe3.s64";
+  Result r = Run({"demo", "--shape=4096x4096"});
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_CONTAINS(r.err,
+                  "GEMVZ_FORCE_CONFIG=z12.nw8.ug2.nb1.pipe3.s64 cannot run 4096x4096 at "
+                  "m = 1: configuration z12.nw8.ug2.nb1.pipe3.s64");
+  EXPECT_CONTAINS(r.err, "K must be divisible by 64*S*UG = 8192");
+  EXPECT_FALSE(absl::StrContains(r.out, "1. Pack")) << r.out;
+  env_.erase("GEMVZ_FORCE_CONFIG");
+  env_["GEMVZ_WEIGHT_ORDER"] = "sideways";
+  r = Run({"demo", "--quick"});
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_CONTAINS(r.err, "GEMVZ_WEIGHT_ORDER must be block, group or auto, not 'sideways'");
+  env_.erase("GEMVZ_WEIGHT_ORDER");
+  // A cache "directory" that is a file is no cache: `cache dir` says so, as `list` does.
+  gemvz::testing::WriteAll(dir_ + "/afile", "");
+  env_["GEMVZ_CACHE_DIR"] = dir_ + "/afile";
+  r = Run({"cache", "dir"});
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_CONTAINS(r.err, "the cache directory '" + dir_ + "/afile' is not a directory");
+  // A GEMVZ_LOG that is no level does not silence the warnings (atoi made -1 hide them all).
+  env_["GEMVZ_CACHE_DIR"] = dir_ + "/cache";
+  env_["GEMVZ_CACHE_MAX_BYTES"] = "lots";
+  for (const char* level : {"-1", "debug", "99999999999999999999"}) {
+    env_["GEMVZ_LOG"] = level;
+    r = Run({"cache", "prune"});
+    EXPECT_EQ(r.rc, 0) << level << ": " << r.err;
+    EXPECT_CONTAINS(r.err, absl::StrCat("GEMVZ_LOG='", level, "' is not a level"));
+    EXPECT_CONTAINS(r.err, "GEMVZ_CACHE_MAX_BYTES: bad byte size 'lots'");
+  }
+}
+
+// Host memory running out ends a command with a message and exit 1, not an abort.
+TEST_F(CliTest, RunningOutOfHostMemoryIsReportedNotAnAbort) {
+  // 65536 x 65536 BF16 weights are 8 GiB: more than the 4 GiB of address space allowed here.
+  const Result r = Run({"demo", "--shape=65536x65536", "--j=1"}, "ulimit -v 4000000");
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_CONTAINS(r.err,
+                  "gemvz demo: out of host memory: an allocation failed, so it stopped here");
+  EXPECT_FALSE(absl::StrContains(r.err, "terminate called")) << r.err;
+}
+
 TEST_F(CliTest, DemoPlansAForcedConfigurationInEachMatrixOrder) {
   env_["GEMVZ_FORCE_CONFIG"] = "z12.nw8.ug2.nb1.pipe3.s1";
   env_["GEMVZ_ARCH"] = "sm_90";

@@ -172,6 +172,42 @@ TEST(SiblingPathTest, NamesNearNameMaxStillWriteAndReplace) {
   EXPECT_EQ(ListDir(dir), (std::vector<std::string>{long_name}));
 }
 
+// SameFile: what a command checks before an output may replace a file.
+TEST(SameFileTest, ExistingFilesByInodeFilesToBeWrittenByDirectoryAndName) {
+  const std::string dir = MakeTempDir("file_util_test");
+  WriteAll(dir + "/a", "a");
+  WriteAll(dir + "/b", "b");
+  ASSERT_EQ(::mkdir((dir + "/d").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink((dir + "/a").c_str(), (dir + "/link").c_str()), 0);
+  ASSERT_EQ(::link((dir + "/a").c_str(), (dir + "/hard").c_str()), 0);
+  ASSERT_EQ(::symlink(dir.c_str(), (dir + "/dirlink").c_str()), 0);
+  // Existing: one inode, whatever the spelling.
+  EXPECT_TRUE(SameFile(dir + "/a", dir + "/a"));
+  EXPECT_TRUE(SameFile(dir + "/a", dir + "//./a"));
+  EXPECT_TRUE(SameFile(dir + "/a", dir + "/link"));
+  EXPECT_TRUE(SameFile(dir + "/a", dir + "/hard"));
+  EXPECT_TRUE(SameFile(dir + "/a", dir + "/d/../a"));
+  EXPECT_FALSE(SameFile(dir + "/a", dir + "/b"));
+  // One exists, the other not: two files.
+  EXPECT_FALSE(SameFile(dir + "/a", dir + "/d/a"));
+  // Neither exists: the same name in one directory, compared by inode where it exists...
+  EXPECT_TRUE(SameFile(dir + "/d/new", dir + "/dirlink/d/new"));
+  EXPECT_TRUE(SameFile(dir + "/d/new", dir + "/d/../d/new"));
+  EXPECT_FALSE(SameFile(dir + "/d/new", dir + "/d/other"));
+  EXPECT_FALSE(SameFile(dir + "/d/new", dir + "/new"));
+  // ... and as written where it does not (a directory still to be made).
+  EXPECT_TRUE(SameFile(dir + "/made/new", dir + "/made//./new"));
+  EXPECT_TRUE(SameFile(dir + "/made/", dir + "/made"));
+  EXPECT_FALSE(SameFile(dir + "/made/new", dir + "/made2/new"));
+  EXPECT_FALSE(SameFile(dir + "/made/new", dir + "/made/new2"));
+}
+
+TEST(BaseNameTest, IsWhatFollowsTheLastSlash) {
+  EXPECT_EQ(BaseName("a/b/c.json"), "c.json");
+  EXPECT_EQ(BaseName("c.json"), "c.json");
+  EXPECT_EQ(BaseName("/c"), "c");
+}
+
 }  // namespace
 }  // namespace gemvz::internal
 

@@ -42,6 +42,7 @@ struct PrecompileResult {
   int registers = -1;
   int spill_bytes = -1;
   int shared_bytes = -1;
+  std::string cache_key;  // its disk cache entry: <CacheDirectory()>/kernels/<key>.gemvzk
 };
 
 // Compiles (or finds on disk) one configuration for `arch` ("sm_90", "sm_90a", ...; empty:

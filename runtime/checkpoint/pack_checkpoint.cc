@@ -21,6 +21,7 @@
 namespace gemvz {
 namespace {
 
+using internal::BaseName;
 using internal::SafetensorsEntry;
 using internal::SafetensorsFile;
 using internal::SafetensorsWriter;
@@ -31,11 +32,6 @@ constexpr uint64_t kChunkBytes = uint64_t{32} << 20;
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string BaseName(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {

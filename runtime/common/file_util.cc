@@ -49,6 +49,55 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+std::string BaseName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+namespace {
+
+// `p` without empty and "." components ("a//b/./c/" -> "a/b/c"); ".." is kept, since only the
+// file system knows where it leads.
+std::string TidyPath(const std::string& p) {
+  std::string out = !p.empty() && p[0] == '/' ? "/" : "";
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t end = p.find('/', start);
+    if (end == std::string::npos) end = p.size();
+    const std::string part = p.substr(start, end - start);
+    if (!part.empty() && part != ".") {
+      if (!out.empty() && out.back() != '/') out += '/';
+      out += part;
+    }
+    start = end + 1;
+  }
+  return out.empty() ? "." : out;
+}
+
+// 1: exists (its identity in *id), 0: does not, -1: cannot tell (stat failed otherwise).
+int Identify(const std::string& path, std::pair<dev_t, ino_t>* id) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    *id = {st.st_dev, st.st_ino};
+    return 1;
+  }
+  return errno == ENOENT ? 0 : -1;
+}
+
+}  // namespace
+
+bool SameFile(const std::string& a, const std::string& b) {
+  std::pair<dev_t, ino_t> ia, ib;
+  const int ea = Identify(a, &ia), eb = Identify(b, &ib);
+  if (ea == 1 && eb == 1) return ia == ib;
+  if (ea == 1 || eb == 1) return false;  // one exists and the other not: two names
+  if (BaseName(TidyPath(a)) != BaseName(TidyPath(b))) return false;
+  const std::string da = DirName(TidyPath(a)), db = DirName(TidyPath(b));
+  const int dea = Identify(da, &ia), deb = Identify(db, &ib);
+  if (dea == 1 && deb == 1) return ia == ib;
+  return TidyPath(da) == TidyPath(db);
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open", path);

@@ -44,6 +44,14 @@ absl::Status ErrnoStatus(const std::string& what);
 
 // The directory part of `path` ("." when there is none).
 std::string DirName(const std::string& path);
+// The file name part of `path`: what follows its last '/'.
+std::string BaseName(const std::string& path);
+
+// Whether `a` and `b` name one file: the same inode where both exist (links followed); where
+// neither does (files still to be written), the same name in the same directory, the directories
+// compared by inode where both exist, else as written (empty and "." components aside). A command
+// checks with it that an output it is asked for is none of its inputs or other outputs.
+bool SameFile(const std::string& a, const std::string& b);
 
 // A name beside `path` for this process's temporary or backup file:
 // "<file name><kind><pid>.<unique>" (kind ".tmp." or ".old."), with the file name shortened

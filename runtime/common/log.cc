@@ -1,15 +1,31 @@
 #include "runtime/common/log.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace gemvz::internal {
 
 int LogVerbosity() {
   static const int level = [] {
     const char* v = std::getenv("GEMVZ_LOG");
-    return (v == nullptr || *v == '\0') ? 0 : std::atoi(v);
+    if (v == nullptr || *v == '\0') return 0;
+    // A whole number >= 0, above 2 taken as 2. Anything else would silence the warnings (atoi
+    // made "debug" 0, and "-1" hid them all): it is said once, and warnings stay on.
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(v), &n) || n < 0) {
+      LogLine(LogLevel::kWarning,
+              absl::StrCat("GEMVZ_LOG='", v,
+                           "' is not a level: 0 (warnings), 1 (info) or 2 (debug); using 0"));
+      return 0;
+    }
+    return static_cast<int>(std::min<int64_t>(n, 2));
   }();
   return level;
 }

@@ -53,6 +53,7 @@ absl::StatusOr<PrecompileResult> Precompile(const KernelConfig& config, const st
   r.registers = kernel->registers;
   r.spill_bytes = kernel->spill_bytes;
   r.shared_bytes = kernel->shared_bytes;
+  r.cache_key = kernel->key;
   return r;
 }
 

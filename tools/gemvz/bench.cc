@@ -136,7 +136,8 @@ int RunBench(const std::vector<std::string>& args) {
   }
   for (const absl::Status& st :
        {ZeroRowsFromFlag(sequence->empty() ? *shapes : *sequence, &*workload),
-        CheckOutputFile("json", json_path), CheckOutputFile("plot", plot_path)}) {
+        CheckOutputFile("json", json_path), CheckOutputFile("plot", plot_path),
+        CheckOutputIsNoneOf("plot", plot_path, {{"the --json file", json_path}})}) {
     if (!st.ok()) {
       std::fprintf(stderr, "gemvz bench: %s\n", std::string(st.message()).c_str());
       return 2;

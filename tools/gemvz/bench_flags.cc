@@ -54,6 +54,11 @@ absl::StatusOr<TimingOptions> TimingFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("bad --launches=", t.min_launches, ": expected 1..100000"));
   }
+  // Where to measure: an ordinal past the last GPU is found when the GPU is opened.
+  if (const int device = absl::GetFlag(FLAGS_device); device < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad --device=", device, ": expected a GPU ordinal, 0 or more"));
+  }
   return t;
 }
 

@@ -17,7 +17,7 @@ ABSL_DECLARE_FLAG(bool, pdl);
 
 namespace gemvz::cli {
 
-// The flags' values, checked: a bad value names the flag.
+// The flags' values, checked (--device's sign too): a bad value names the flag.
 absl::StatusOr<TimingOptions> TimingFromFlags();
 // `seed` is the value to use: --seed, or a fresh one when it is 0 (the caller prints it).
 absl::StatusOr<WorkloadOptions> WorkloadFromFlags(uint64_t seed);

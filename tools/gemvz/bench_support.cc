@@ -209,6 +209,10 @@ absl::StatusOr<std::vector<int64_t>> ParseMList(const std::string& text) {
 absl::StatusOr<std::vector<MatrixShape>> ShapesFromFlag(const std::string& shape_flag,
                                                         bool quick) {
   if (!shape_flag.empty()) {
+    if (quick) {
+      return absl::InvalidArgumentError(
+          "--quick and --shape both choose the shapes: give one of them");
+    }
     ASSIGN_OR_RETURN(MatrixShape shape, ParseShape(shape_flag));
     return std::vector<MatrixShape>{shape};
   }
@@ -659,6 +663,18 @@ absl::Status CheckOutputFile(const char* flag, const std::string& path) {
     e = errno;
   }
   return bad(absl::StrCat("cannot create a file beside it: ", std::strerror(e)));
+}
+
+absl::Status CheckOutputIsNoneOf(const char* flag, const std::string& path,
+                                 const std::vector<NamedFile>& others) {
+  if (path.empty()) return absl::OkStatus();
+  for (const NamedFile& other : others) {
+    if (!other.path.empty() && internal::SameFile(path, other.path)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, "=", path, " is ", other.what, ": choose another file"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& doc) {

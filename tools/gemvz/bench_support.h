@@ -29,7 +29,8 @@ absl::StatusOr<MatrixShape> ParseShape(const std::string& text);
 // "1,8,16" -> {1, 8, 16}: positive, at most kMaxM, no repeats, kept in the given order.
 inline constexpr int64_t kMaxM = 4096;
 absl::StatusOr<std::vector<int64_t>> ParseMList(const std::string& text);
-// --shape if given (one shape), else the suite; `quick` keeps the suite's first two.
+// --shape if given (one shape), else the suite; `quick` keeps the suite's first two (with
+// --shape as well, a usage error).
 absl::StatusOr<std::vector<MatrixShape>> ShapesFromFlag(const std::string& shape_flag, bool quick);
 
 // `gemvz bench --sequence`: "llama3-8b" (one layer's four GEMVs in order: qkv, o, gate_up, down)
@@ -213,6 +214,16 @@ nlohmann::json BenchReportToJson(const BenchReport& report);
 // command's work so that a bad path does not throw a long run away: not a directory, and a file
 // can be created beside it (a probe file, removed at once). An empty path is fine (not asked for).
 absl::Status CheckOutputFile(const char* flag, const std::string& path);
+
+// Whether the file `flag` names is none of a command's other files, each given with what it is
+// ("the input 'a.safetensors'"): writing it would replace that one (internal::SameFile). An
+// empty path is fine. The error names the first file it would replace.
+struct NamedFile {
+  std::string what;
+  std::string path;
+};
+absl::Status CheckOutputIsNoneOf(const char* flag, const std::string& path,
+                                 const std::vector<NamedFile>& others);
 
 // Writes JSON text to `path` atomically (temporary file, fsync, rename).
 absl::Status WriteJsonFile(const std::string& path, const nlohmann::json& doc);

@@ -1,11 +1,14 @@
 // `gemvz cache`: look into the kernel cache and manage it: list entries, verify every one,
 // prune to the size cap, clear, or print where it is.
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <ctime>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gemvz/runtime.h"
@@ -55,6 +58,7 @@ constexpr char kCacheUsage[] =
     "  --cache_remove_bad       verify: remove the invalid entries it finds\n"
     "  --cache_max_bytes=SIZE   prune: the cap (bytes, or with K/M/G/T: 512M, 2G); default\n"
     "                           GEMVZ_CACHE_MAX_BYTES, else 1G\n"
+    "Each flag is its subcommand's; given to another, it is a usage error (exit 2).\n"
     "\n"
     "examples:\n"
     "  gemvz cache list\n"
@@ -144,15 +148,13 @@ int Verify(internal::DiskCache& cache) {
     std::printf("BAD  %s  %s\n", e.key.c_str(), std::string(e.status.message()).c_str());
     if (remove) {
       // Under the key's lock and after a second look, as the library does: a process may have
-      // put a good entry in its place since the list was made.
+      // put a good entry in its place since the list was made. Read directly, not through the
+      // JIT's lookup, whose warnings speak of compiling.
       const std::unique_ptr<internal::DiskCache::KeyLock> lock = cache.LockKey(e.key);
-      internal::CompiledKernel again;
-      std::string reason;
-      if (cache.Read(e.key, &again, &reason, /*remove_bad=*/false) ==
-              internal::DiskCache::Lookup::kRejected &&
-          std::remove(e.path.c_str()) == 0) {
-        ++removed;
-      }
+      const absl::StatusOr<std::string> bytes = internal::ReadFile(e.path);
+      const bool still_bad = bytes.ok() ? !internal::ParseEntry(*bytes, e.key).ok()
+                                        : !absl::IsNotFound(bytes.status());
+      if (still_bad && std::remove(e.path.c_str()) == 0) ++removed;
     }
   }
   std::printf("%zu entries checked in %s: %zu valid, %d invalid%s\n", entries->size(),
@@ -189,16 +191,36 @@ int RunCache(const std::vector<std::string>& args) {
     return Fail("expected one subcommand: list, verify, prune, clear or dir (see --help)", 2);
   }
   const std::string& sub = args[0];
-  const std::string dir = CacheDirectory();
-  if (sub == "dir") {
-    if (dir.empty()) return Fail("the disk cache is disabled (GEMVZ_DISABLE_DISK_CACHE=1)");
-    std::printf("%s\n", dir.c_str());
-    return 0;
-  }
-  if (sub != "list" && sub != "verify" && sub != "prune" && sub != "clear") {
+  if (sub != "list" && sub != "verify" && sub != "prune" && sub != "clear" && sub != "dir") {
     return Fail(
         absl::StrCat("unknown subcommand '", sub, "': expected list, verify, prune, clear or dir"),
         2);
+  }
+  // Each flag is one subcommand's (the usage lines): given to another, it would be ignored.
+  const struct {
+    const char* flag;
+    const char* owner;
+    bool given;
+  } owned[] = {{"json", "list", !absl::GetFlag(FLAGS_json).empty()},
+               {"cache_remove_bad", "verify", absl::GetFlag(FLAGS_cache_remove_bad)},
+               {"cache_max_bytes", "prune", !absl::GetFlag(FLAGS_cache_max_bytes).empty()}};
+  for (const auto& o : owned) {
+    if (o.given && sub != o.owner) {
+      return Fail(absl::StrCat("--", o.flag, " is for 'gemvz cache ", o.owner, "', not '", sub,
+                               "' (see --help)"),
+                  2);
+    }
+  }
+  const std::string dir = CacheDirectory();
+  if (sub == "dir") {
+    if (dir.empty()) return Fail("the disk cache is disabled (GEMVZ_DISABLE_DISK_CACHE=1)");
+    // Where it is to be made is fine; something else in its place is not a cache directory.
+    struct stat st;
+    if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      return Fail(absl::StrCat("the cache directory '", dir, "' is not a directory"));
+    }
+    std::printf("%s\n", dir.c_str());
+    return 0;
   }
   if (dir.empty()) {
     return Fail("the disk cache is disabled (GEMVZ_DISABLE_DISK_CACHE=1, or no home directory)");

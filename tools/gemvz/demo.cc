@@ -40,7 +40,7 @@ const int64_t kDemoMs[] = {1, 8, 16};
 
 const std::string& DemoUsage() {
   static const std::string* usage = new std::string(absl::StrCat(
-      "usage: gemvz demo [--quick] [--shape=NxK] [--arch=sm_XX] [--seed=N] [--j=N] [--device=N]\n"
+      "usage: gemvz demo [--quick | --shape=NxK] [--arch=sm_XX] [--seed=N] [--j=N] [--device=N]\n"
       "                  [--replays=N] [--launches=N] [--rotate_mb=MIB] [--pdl]\n"
       "\n"
       "The library's main job on built-in data, start to finish:\n"
@@ -57,7 +57,8 @@ const std::string& DemoUsage() {
       "Results go to stdout, progress to stderr.\n"
       "\n"
       "flags:\n"
-      "  --quick             only the first two shapes, 4096x8192 and 6144x4096 (default false)\n"
+      "  --quick             only the first two shapes, 4096x8192 and 6144x4096; not with --shape\n"
+      "                      (default false)\n"
       "  --shape=NxK         one shape instead of the suite (default: the suite)\n"
       "  --arch=sm_XX        architecture to compile for (default: $GEMVZ_ARCH, else the GPU's,\n"
       "                      else sm_90)\n",
@@ -82,15 +83,18 @@ struct KernelUse {
 };
 
 // What the dispatcher will pick for each (shape, m), known without a GPU: GEMVZ_FORCE_CONFIG if
-// set (Gemv honours it), else the tuning file, the built-in table or the heuristic.
+// set (Gemv honours it, and refuses it where Validate does), else the tuning file, the built-in
+// table or the heuristic. An error is the environment's (GEMVZ_FORCE_CONFIG, GEMVZ_WEIGHT_ORDER).
 absl::StatusOr<std::vector<KernelUse>> KernelsNeeded(const std::vector<MatrixShape>& shapes,
-                                                     const std::string& arch, int sm_count,
+                                                     const std::string& arch,
+                                                     const DeviceLimits& limits,
                                                      const std::string& device) {
   std::vector<KernelUse> uses;
   std::map<std::string, size_t> index;  // KernelName -> uses[]
   std::optional<KernelConfig> forced;
-  if (std::optional<std::string> env = internal::GetEnv("GEMVZ_FORCE_CONFIG")) {
-    absl::StatusOr<KernelConfig> parsed = KernelConfig::Parse(*env);
+  const std::optional<std::string> env_config = internal::GetEnv("GEMVZ_FORCE_CONFIG");
+  if (env_config) {
+    absl::StatusOr<KernelConfig> parsed = KernelConfig::Parse(*env_config);
     if (!parsed.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("GEMVZ_FORCE_CONFIG: ", parsed.status().message()));
@@ -108,9 +112,16 @@ absl::StatusOr<std::vector<KernelUse>> KernelsNeeded(const std::vector<MatrixSha
       if (forced) {
         plan.config = internal::InOrder(*forced, order);
         plan.source = "env";
+        const GemvShape launch =
+            internal::LaunchShape(GemvShape{internal::LaunchRowsFor(m), s.n, s.k}, plan.config);
+        if (absl::Status st = Validate(plan.config, launch, limits); !st.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat("GEMVZ_FORCE_CONFIG=", *env_config,
+                                                         " cannot run ", s.ToString(),
+                                                         " at m = ", m, ": ", st.message()));
+        }
       } else {
         ASSIGN_OR_RETURN(plan, internal::ChooseConfig(GemvShape{m, s.n, s.k}, WeightFormat::kZ12,
-                                                      arch, sm_count, order, device));
+                                                      arch, limits.sm_count, order, device));
       }
       const std::string name = plan.config.KernelName();
       auto [it, fresh] = index.emplace(name, uses.size());
@@ -179,19 +190,14 @@ bool PackAll(const std::vector<MatrixShape>& shapes, uint64_t seed, int threads)
   return ok;
 }
 
-// Step 3: precompile, cold then warm.
-bool CompileAll(const std::vector<MatrixShape>& shapes, const std::string& arch, int sm_count,
-                const std::string& device, int threads) {
-  std::printf("2. Kernels for %s: the dispatcher's choices for m = 1, 8, 16, compiled by NVRTC at "
-              "run time\n\n",
-              arch.c_str());
-  absl::StatusOr<std::vector<KernelUse>> uses = KernelsNeeded(shapes, arch, sm_count, device);
-  if (!uses.ok()) {
-    std::printf("FAILED to choose the kernels: %s\n\n", std::string(uses.status().message()).c_str());
-    return false;
-  }
+// Step 3: precompile `uses` (KernelsNeeded), cold then warm.
+bool CompileAll(const std::vector<KernelUse>& uses, const std::string& arch, int threads) {
+  std::printf(
+      "2. Kernels for %s: the dispatcher's choices for m = 1, 8, 16, compiled by NVRTC at "
+      "run time\n\n",
+      arch.c_str());
   std::vector<KernelConfig> configs;
-  for (const KernelUse& u : *uses) configs.push_back(u.config);
+  for (const KernelUse& u : uses) configs.push_back(u.config);
   ResetJitCounters();
   Progress(absl::StrFormat("[demo] compiling %d kernels for %s", configs.size(), arch));
   const absl::Time t0 = absl::Now();
@@ -210,8 +216,7 @@ bool CompileAll(const std::vector<MatrixShape>& shapes, const std::string& arch,
   std::printf("%-24s %-12s %13s %12s %5s %7s %6s  %s\n", "kernel", "source", "first ms",
               "again ms", "regs", "spill B", "smem", "used by");
   bool ok = true;
-  for (size_t i = 0; i < uses->size(); ++i) {
-    const KernelUse& u = (*uses)[i];
+  for (const KernelUse& u : uses) {
     // PrecompileAll may return results in completion order: find this kernel's.
     const PrecompileResult* first = nullptr;
     for (const PrecompileResult& r : *cold) {
@@ -232,14 +237,14 @@ bool CompileAll(const std::vector<MatrixShape>& shapes, const std::string& arch,
   }
   const JitCounters total = GetJitCounters();
   const std::string cache = CacheDirectory();
-  std::printf("\n%zu kernels in %.0f ms wall (%s): %lld compiled, %lld from the disk cache; "
-              "asked again: %lld in-memory hits. Disk cache: %s\n\n",
-              uses->size(), cold_wall_ms,
-              threads > 0 ? absl::StrCat(threads, " threads").c_str() : "all cores",
-              static_cast<long long>(after_cold.compiles),
-              static_cast<long long>(after_cold.disk_hits),
-              static_cast<long long>(total.memory_hits - after_cold.memory_hits),
-              cache.empty() ? "disabled (GEMVZ_DISABLE_DISK_CACHE=1)" : cache.c_str());
+  std::printf(
+      "\n%zu kernels in %.0f ms wall (%s): %lld compiled, %lld from the disk cache; "
+      "asked again: %lld in-memory hits. Disk cache: %s\n\n",
+      uses.size(), cold_wall_ms,
+      threads > 0 ? absl::StrCat(threads, " threads").c_str() : "all cores",
+      static_cast<long long>(after_cold.compiles), static_cast<long long>(after_cold.disk_hits),
+      static_cast<long long>(total.memory_hits - after_cold.memory_hits),
+      cache.empty() ? "disabled (GEMVZ_DISABLE_DISK_CACHE=1)" : cache.c_str());
   return ok;
 }
 
@@ -326,15 +331,22 @@ int RunDemo(const std::vector<std::string>& args) {
   const std::string arch = *arch_or;
 
   const std::string no_gpu = NoGpuReason();
-  int sm_count = DefaultDeviceLimits().sm_count;
+  DeviceLimits limits = DefaultDeviceLimits();
   std::string device_name;  // the tuning file's entries for this GPU, when there is one
   if (no_gpu.empty()) {
     absl::StatusOr<std::unique_ptr<GpuSession>> session =
         GpuSession::Open(absl::GetFlag(FLAGS_device));
     if (session.ok()) {
-      sm_count = (*session)->info().limits.sm_count;
+      limits = (*session)->info().limits;
       device_name = (*session)->info().name;
     }
+  }
+  // The kernels, chosen before any work: a bad GEMVZ_FORCE_CONFIG or GEMVZ_WEIGHT_ORDER is a
+  // usage error, as in tune and bench.
+  absl::StatusOr<std::vector<KernelUse>> uses = KernelsNeeded(*shapes, arch, limits, device_name);
+  if (!uses.ok()) {
+    std::fprintf(stderr, "gemvz demo: %s\n", std::string(uses.status().message()).c_str());
+    return 2;
   }
 
   std::printf("gemvz demo: %zu layer shape%s, BF16 weights N(0, 1/K), seed %llu\n\n",
@@ -342,7 +354,7 @@ int RunDemo(const std::vector<std::string>& args) {
   std::fflush(stdout);
   bool ok = PackAll(*shapes, seed, threads);
   std::fflush(stdout);
-  ok = CompileAll(*shapes, arch, sm_count, device_name, threads) && ok;
+  ok = CompileAll(*uses, arch, threads) && ok;
   std::fflush(stdout);
 
   if (!no_gpu.empty()) {

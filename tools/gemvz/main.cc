@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -127,7 +128,8 @@ bool CheckFlagList(const Command& command) {
 int main(int argc, char** argv) {
   using gemvz::cli::Command;
   if (argc < 2 || std::strcmp(argv[1], "help") == 0 || gemvz::cli::IsHelp(argv[1])) {
-    if (argc >= 3 && std::strcmp(argv[1], "help") == 0) {
+    if (argc >= 3 && std::strcmp(argv[1], "help") == 0 && std::strcmp(argv[2], "help") != 0 &&
+        !gemvz::cli::IsHelp(argv[2])) {
       const Command* c = gemvz::cli::Find(argv[2]);
       if (c == nullptr) {
         std::fprintf(stderr, "gemvz help: unknown command '%s'\n\n", argv[2]);
@@ -158,5 +160,14 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> args;
   if (int rc = gemvz::cli::ParseArgs(*command, argc, argv, &args); rc != 0) return rc;
-  return command->run(args);
+  // Host memory running out (a --shape too large for this machine, say) ends the command with
+  // a message, not an abort; the objects unwound on the way remove their temporary files.
+  try {
+    return command->run(args);
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);  // what was printed before comes first
+    std::fprintf(stderr, "gemvz %s: out of host memory: an allocation failed, so it stopped here\n",
+                 command->name);
+    return 1;
+  }
 }

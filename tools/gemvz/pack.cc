@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -219,20 +218,40 @@ int RunPack(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gemvz pack: %s\n", std::string(threads.status().message()).c_str());
     return 2;
   }
+  // An input named twice, or an -o that is a file: the command line's mistakes, said before any
+  // work (the library would refuse both too, as failures).
+  for (size_t i = 0; i < args.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (internal::SameFile(args[i], args[j])) {
+        std::fprintf(stderr, "gemvz pack: the input '%s' is given twice ('%s')\n", args[j].c_str(),
+                     args[i].c_str());
+        return 2;
+      }
+    }
+  }
+  if (struct stat st; ::stat(out.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    std::fprintf(stderr, "gemvz pack: -o %s is not a directory\n", out.c_str());
+    return 2;
+  }
   // The report may go into -o itself, which the pack creates: there it is checked once it exists.
   const std::string json_path = absl::GetFlag(FLAGS_json);
-  auto plain = [](std::string p) {
-    while (p.size() > 1 && p.back() == '/') p.pop_back();
-    if (absl::StartsWith(p, "./") && p.size() > 2) p = p.substr(2);
-    return p;
-  };
   struct stat out_info;
-  const bool into_new_out = !json_path.empty() &&
-                            plain(internal::DirName(json_path)) == plain(out) &&
-                            ::stat(out.c_str(), &out_info) != 0;
-  if (absl::Status st = CheckOutputFile("json", into_new_out ? "" : json_path); !st.ok()) {
-    std::fprintf(stderr, "gemvz pack: %s\n", std::string(st.message()).c_str());
-    return 2;
+  const bool into_new_out = !json_path.empty() && ::stat(out.c_str(), &out_info) != 0 &&
+                            internal::SameFile(internal::DirName(json_path), out);
+  // Nor may it replace an input or one of the packed files (SameFile compares the paths where
+  // the files are still to be written).
+  std::vector<NamedFile> others;
+  for (const std::string& in : args) {
+    others.push_back({absl::StrCat("the input '", in, "'"), in});
+    others.push_back({absl::StrCat("where '", in, "' is packed to"),
+                      absl::StrCat(out, "/", internal::BaseName(in))});
+  }
+  for (const absl::Status& st : {CheckOutputFile("json", into_new_out ? "" : json_path),
+                                 CheckOutputIsNoneOf("json", json_path, others)}) {
+    if (!st.ok()) {
+      std::fprintf(stderr, "gemvz pack: %s\n", std::string(st.message()).c_str());
+      return 2;
+    }
   }
   CheckpointPackOptions options;
   options.threads = *threads;

@@ -59,7 +59,7 @@ const std::string& TuneUsage() {
       "the other configurations of the same (shape, m), replay by replay in turn, so that none\n"
       "runs in a hotter, power-capped stretch than another.\n"
       "\n"
-      "A configuration reads FORMAT.nwW.ugU.nbB.pipeP[.rbR][.gm].sS, e.g.\n"
+      "A configuration reads FORMAT.nwW.ugU.nbB.pipeP[.rbR][.gm][.sS], e.g.\n"
       "z12.nw8.ug2.nb1.pipe3.s1: FORMAT z12 or bf16; nw streaming warps per CTA; ug 64-wide K\n"
       "  groups per loop trip; nb 8-row token blocks per launch (covers m <= 8*nb); pipe 0/3\n"
       "  plain loop, 1/2 software pipelined, 4..8 (z12) plain loop capped to pipe-2 CTAs'\n"
@@ -393,8 +393,13 @@ int RunTune(const std::vector<std::string>& args) {
   if (absl::Status st = ZeroRowsFromFlag(*shapes, &*workload); !st.ok()) {
     return usage_error(std::string(st.message()));
   }
-  if (absl::Status st = CheckOutputFile("json", absl::GetFlag(FLAGS_json)); !st.ok()) {
-    return usage_error(std::string(st.message()));
+  for (const absl::Status& st :
+       {CheckOutputFile("json", absl::GetFlag(FLAGS_json)),
+        CheckOutputIsNoneOf("json", absl::GetFlag(FLAGS_json),
+                            {{"the --space file", absl::GetFlag(FLAGS_space)},
+                             {"the tuning file that --save writes",
+                              absl::GetFlag(FLAGS_save) ? TuningFilePath() : std::string()}})}) {
+    if (!st.ok()) return usage_error(std::string(st.message()));
   }
   if (absl::GetFlag(FLAGS_top) < 0) {
     return usage_error(absl::StrCat("bad --top=", absl::GetFlag(FLAGS_top),
@@ -407,6 +412,12 @@ int RunTune(const std::vector<std::string>& args) {
     return usage_error(config_text.empty()
                            ? "give --config=CONFIG, or --sweep / --space=FILE (see --help)"
                            : "--config and --sweep/--space exclude each other");
+  }
+  // Only --sweep's space is chosen by format; a value given anyway would be ignored in silence.
+  if (absl::GetFlag(FLAGS_sweep_format) != "z12" && !absl::GetFlag(FLAGS_sweep)) {
+    return usage_error(
+        "--sweep_format chooses what --sweep explores; --config and --space name their "
+        "configurations themselves");
   }
   std::optional<KernelConfig> single;
   if (!config_text.empty()) {

@@ -1,5 +1,6 @@
 // `gemvz warmup`: precompile kernels with NVRTC into the disk cache, in parallel and without a
 // GPU, so that a serving process starts with every kernel it needs already compiled.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,6 +21,7 @@
 #include "runtime/cuda/driver.h"
 #include "runtime/dispatch/dispatcher.h"
 #include "runtime/jit/config_list.h"
+#include "runtime/jit/disk_cache.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tools/gemvz/bench_support.h"
 #include "tools/gemvz/command.h"
@@ -65,7 +67,8 @@ constexpr char kWarmupUsage[] =
     "output: progress on stderr, one line per finished kernel; then on stdout one line per kernel\n"
     "(kernel, arch, compiled or hit, milliseconds, registers, spill bytes, static shared bytes)\n"
     "and a summary. Kernels that spill registers are flagged. Exit status: 0 when every kernel\n"
-    "is in the cache, 1 on a failed compile or an unwritable cache, 2 on bad usage.\n"
+    "is in the cache, 1 on a failed compile, an unwritable cache or one whose size cap cannot\n"
+    "hold them all, 2 on bad usage.\n"
     "\n"
     "environment:\n"
     "  GEMVZ_CACHE_DIR           cache directory (else $XDG_CACHE_HOME/gemvz, else "
@@ -122,6 +125,17 @@ absl::StatusOr<std::vector<KernelConfig>> GatherConfigs(const std::vector<std::s
   return internal::DistinctKernels(configs);
 }
 
+// How many of `results` have no entry in the disk cache at `cache_dir`.
+int NotInCache(const std::string& cache_dir, const std::vector<PrecompileResult>& results) {
+  const internal::DiskCache disk(cache_dir);
+  int missing = 0;
+  for (const PrecompileResult& r : results) {
+    struct stat st;
+    if (::stat(disk.EntryPath(r.cache_key).c_str(), &st) != 0) ++missing;
+  }
+  return missing;
+}
+
 int RunWarmup(const std::vector<std::string>& args) {
   absl::StatusOr<std::vector<KernelConfig>> configs = GatherConfigs(args);
   if (!configs.ok()) {
@@ -133,9 +147,15 @@ int RunWarmup(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gemvz warmup: %s\n", std::string(arch.status().message()).c_str());
     return 2;
   }
-  if (absl::Status st = CheckOutputFile("json", absl::GetFlag(FLAGS_json)); !st.ok()) {
-    std::fprintf(stderr, "gemvz warmup: %s\n", std::string(st.message()).c_str());
-    return 2;
+  const std::string json_path = absl::GetFlag(FLAGS_json);
+  for (const absl::Status& st :
+       {CheckOutputFile("json", json_path),
+        CheckOutputIsNoneOf("json", json_path,
+                            {{"the --configs file", absl::GetFlag(FLAGS_configs)}})}) {
+    if (!st.ok()) {
+      std::fprintf(stderr, "gemvz warmup: %s\n", std::string(st.message()).c_str());
+      return 2;
+    }
   }
   const absl::StatusOr<int> threads_or = ThreadsFromFlag();
   if (!threads_or.ok()) {
@@ -190,6 +210,15 @@ int RunWarmup(const std::vector<std::string>& args) {
     std::printf("error: %lld of %lld compiled kernels could not be written to %s\n",
                 static_cast<long long>(new_compiles - written),
                 static_cast<long long>(new_compiles), cache_dir.c_str());
+    status = 1;
+  } else if (const int evicted = NotInCache(cache_dir, *results); evicted > 0) {
+    // Each write prunes the cache to its cap, least recently used first: a cap smaller than this
+    // warm-up's kernels evicts some of them (or other processes filled the cache meanwhile).
+    std::printf(
+        "error: %d of %zu kernels are no longer in %s: its size cap, %s bytes "
+        "(GEMVZ_CACHE_MAX_BYTES, default 1G), cannot hold them all; raise it\n",
+        evicted, results->size(), cache_dir.c_str(),
+        absl::StrCat(internal::DiskCacheMaxBytes()).c_str());
     status = 1;
   } else {
     std::printf("cache: %s\n", cache_dir.c_str());
