@@ -788,10 +788,11 @@ TEST(CheckpointTest, CorruptPackedFilesAreCaught) {
 
 std::string ToolPath() { return GEMVZ_TOOL_PATH; }
 
-// Runs the CLI; returns its exit status and fills stdout/stderr.
+// Runs the CLI in `dir`; returns its exit status and fills stdout/stderr.
 int RunTool(const std::string& args, std::string* out, std::string* err, const std::string& dir) {
   const std::string o = dir + "/stdout.txt", e = dir + "/stderr.txt";
-  const int rc = std::system((ToolPath() + " " + args + " >" + o + " 2>" + e).c_str());
+  const int rc =
+      std::system(("cd " + dir + " && " + ToolPath() + " " + args + " >" + o + " 2>" + e).c_str());
   *out = ReadAll(o);
   *err = ReadAll(e);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
@@ -947,6 +948,8 @@ TEST(CheckpointTest, CommandLineRefusesAReportOverAnInputOrAnOutput) {
   ASSERT_EQ(RunTool("pack " + a + " -o " + dir + "/packed", &out, &err, dir), 0) << err;
   const std::string packed = ReadAll(dir + "/packed/a.safetensors");
   ASSERT_EQ(::symlink(a.c_str(), (dir + "/link.json").c_str()), 0);
+  ASSERT_EQ(::symlink(dir.c_str(), (dir + "/here").c_str()), 0);
+  ASSERT_EQ(::mkdir((dir + "/sub").c_str(), 0755), 0);
   const struct {
     std::string args, message;
   } cases[] = {
@@ -957,6 +960,14 @@ TEST(CheckpointTest, CommandLineRefusesAReportOverAnInputOrAnOutput) {
        "is where '" + a + "' is packed to"},
       {a + " -o " + dir + "/p2/ --json=" + dir + "/p2/a.safetensors",
        "is where '" + a + "' is packed to"},
+      // -o still to be made, the report's path spelt another way: through a link to its parent,
+      // through "..", or relative (the tool runs in `dir`) against absolute.
+      {a + " -o " + dir + "/p2 --json=" + dir + "/here/p2/a.safetensors",
+       "is where '" + a + "' is packed to"},
+      {a + " -o " + dir + "/p2 --json=" + dir + "/sub/../p2/a.safetensors",
+       "is where '" + a + "' is packed to"},
+      {"a.safetensors -o p2 --json=" + dir + "/p2/a.safetensors",
+       "is where 'a.safetensors' is packed to"},
       {a + " " + dir + "/./a.safetensors -o " + dir + "/p3",
        "the input '" + a + "' is given twice"},
       {a + " -o " + a, "-o " + a + " is not a directory"},

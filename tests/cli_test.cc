@@ -561,7 +561,7 @@ TEST_F(CliTest, WarmupFailsWhenTheCacheCapCannotHoldItsKernels) {
   const Result small = Run(args);
   EXPECT_EQ(small.rc, 1) << small.out << small.err;
   EXPECT_CONTAINS(small.out, "of 3 kernels are no longer in " + dir_ + "/cache");
-  EXPECT_CONTAINS(small.out, "its size cap, 102400 bytes");
+  EXPECT_CONTAINS(small.out, "evicted by its size cap, 102400 bytes");
   env_.erase("GEMVZ_CACHE_MAX_BYTES");
   const Result fits = Run(args);
   EXPECT_EQ(fits.rc, 0) << fits.out << fits.err;
@@ -586,6 +586,10 @@ TEST_F(CliTest, FlagsAndVariablesThatWouldBeIgnoredAreUsageErrors) {
       {{"demo", "--quick", "--shape=64x64"}, "--quick and --shape both choose the shapes"},
       {{"tune", "--space=space.txt", "--sweep_format=bf16"},
        "--sweep_format chooses what --sweep explores"},
+      {{"tune", "--space=space.txt", "--sweep_format=z12"},  // its default, given all the same
+       "--sweep_format chooses what --sweep explores"},
+      {{"cache", "list", "--cache_remove_bad=false"},
+       "--cache_remove_bad is for 'gemvz cache verify', not 'list'"},
       {{"demo", "--device=-1"}, "bad --device=-1: expected a GPU ordinal, 0 or more"},
       {{"bench", "--device=-1"}, "bad --device=-1: expected a GPU ordinal, 0 or more"},
       {{"tune", "--config=z12.nw8.ug2.nb1.pipe3.s1", "--device=-2"}, "bad --device=-2"},

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -172,6 +173,19 @@ TEST(SiblingPathTest, NamesNearNameMaxStillWriteAndReplace) {
   EXPECT_EQ(ListDir(dir), (std::vector<std::string>{long_name}));
 }
 
+// A producer that throws (std::bad_alloc, say) unwinds through the write: the exception reaches
+// the caller, and no temporary file is left beside the target.
+TEST(AtomicWriteFileStreamedTest, AProducerThatThrowsLeavesNoTemporaryFile) {
+  const std::string dir = MakeTempDir("file_util_test");
+  EXPECT_THROW((void)AtomicWriteFileStreamed(dir + "/f",
+                                             [](const auto& sink) -> absl::Status {
+                                               (void)sink("half", 4);
+                                               throw std::bad_alloc();
+                                             }),
+               std::bad_alloc);
+  EXPECT_TRUE(ListDir(dir).empty());
+}
+
 // SameFile: what a command checks before an output may replace a file.
 TEST(SameFileTest, ExistingFilesByInodeFilesToBeWrittenByDirectoryAndName) {
   const std::string dir = MakeTempDir("file_util_test");
@@ -195,11 +209,23 @@ TEST(SameFileTest, ExistingFilesByInodeFilesToBeWrittenByDirectoryAndName) {
   EXPECT_TRUE(SameFile(dir + "/d/new", dir + "/d/../d/new"));
   EXPECT_FALSE(SameFile(dir + "/d/new", dir + "/d/other"));
   EXPECT_FALSE(SameFile(dir + "/d/new", dir + "/new"));
-  // ... and as written where it does not (a directory still to be made).
+  // ... and, where it is still to be made, by name up to the nearest directory that exists.
   EXPECT_TRUE(SameFile(dir + "/made/new", dir + "/made//./new"));
   EXPECT_TRUE(SameFile(dir + "/made/", dir + "/made"));
+  EXPECT_TRUE(SameFile(dir + "/made/deeper/new", dir + "/dirlink/made/deeper/new"));
+  EXPECT_TRUE(SameFile(dir + "/made/new", dir + "/d/../made/new"));
   EXPECT_FALSE(SameFile(dir + "/made/new", dir + "/made2/new"));
   EXPECT_FALSE(SameFile(dir + "/made/new", dir + "/made/new2"));
+  EXPECT_FALSE(SameFile(dir + "/made/new", dir + "/d/made/new"));
+  // Relative against absolute, the working directory being `dir`.
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  ASSERT_EQ(::chdir(dir.c_str()), 0);
+  EXPECT_TRUE(SameFile("made/new", dir + "/made/new"));
+  EXPECT_TRUE(SameFile("new", dir + "/new"));
+  EXPECT_TRUE(SameFile("a", dir + "/a"));
+  EXPECT_FALSE(SameFile("made/new", dir + "/d/new"));
+  ASSERT_EQ(::chdir(cwd), 0);
 }
 
 TEST(BaseNameTest, IsWhatFollowsTheLastSlash) {

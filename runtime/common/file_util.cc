@@ -91,11 +91,14 @@ bool SameFile(const std::string& a, const std::string& b) {
   const int ea = Identify(a, &ia), eb = Identify(b, &ib);
   if (ea == 1 && eb == 1) return ia == ib;
   if (ea == 1 || eb == 1) return false;  // one exists and the other not: two names
-  if (BaseName(TidyPath(a)) != BaseName(TidyPath(b))) return false;
-  const std::string da = DirName(TidyPath(a)), db = DirName(TidyPath(b));
-  const int dea = Identify(da, &ia), deb = Identify(db, &ib);
-  if (dea == 1 && deb == 1) return ia == ib;
-  return TidyPath(da) == TidyPath(db);
+  // Neither exists: the same name in the same directory, itself compared the same way, up to
+  // the nearest directories that exist ("/abs/out/r.json" and "out/r.json" with out still to be
+  // made meet at the working directory).
+  const std::string ta = TidyPath(a), tb = TidyPath(b);
+  if (BaseName(ta) != BaseName(tb)) return false;
+  const std::string da = DirName(ta), db = DirName(tb);
+  if (da == ta || db == tb) return ta == tb;  // no parent left ("." or "/" that stat refused)
+  return SameFile(da, db);
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -162,7 +165,15 @@ absl::Status AtomicWriteFileStreamed(
     }
     return absl::OkStatus();
   };
-  if (absl::Status s = write(sink); !s.ok()) return fail(s);
+  absl::Status written;
+  try {
+    written = write(sink);
+  } catch (...) {  // std::bad_alloc in the writer, say: no temporary file is left behind either
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (!written.ok()) return fail(written);
   if (::fsync(fd) != 0) return fail(ErrnoError("cannot fsync", tmp));
   if (::close(fd) != 0) {
     absl::Status s = ErrnoError("cannot close", tmp);

@@ -49,8 +49,8 @@ std::string BaseName(const std::string& path);
 
 // Whether `a` and `b` name one file: the same inode where both exist (links followed); where
 // neither does (files still to be written), the same name in the same directory, the directories
-// compared by inode where both exist, else as written (empty and "." components aside). A command
-// checks with it that an output it is asked for is none of its inputs or other outputs.
+// compared the same way, up to the nearest ones that exist. A command checks with it that an
+// output it is asked for is none of its inputs or other outputs.
 bool SameFile(const std::string& a, const std::string& b);
 
 // A name beside `path` for this process's temporary or backup file:

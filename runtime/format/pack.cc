@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gemvz/format.h"
+#include "runtime/common/parallel.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/format/z12_layout.h"
 
@@ -97,7 +98,7 @@ int ThreadCount(int requested, int64_t work_items) {
 // Corrections and reconstruction are exact only in default IEEE arithmetic, and threads inherit
 // the caller's modes: under flush-to-zero / denormals-are-zero (torch.set_flush_denormal,
 // -ffast-math binaries) a subnormal weight or correction reads as zero; under a directed rounding
-// mode TwoSum is not exact. Called in the library's own threads.
+// mode TwoSum is not exact. Called in each packing worker (ParallelRanges).
 void UseIeeeArithmetic() {
   std::fesetround(FE_TONEAREST);
 #if defined(__x86_64__) || defined(__i386__)
@@ -109,18 +110,20 @@ void UseIeeeArithmetic() {
 #endif
 }
 
-// Runs fn(begin, end, worker) over [0, n) split into `threads` contiguous ranges.
+// Runs fn(begin, end, worker) over [0, n) split into `threads` contiguous ranges (RunWorkers:
+// range 0, and any whose thread cannot start, on the calling thread, whose floating-point modes
+// are given back afterwards).
 template <typename Fn>
 void ParallelRanges(int64_t n, int threads, Fn fn) {
-  std::vector<std::thread> pool;
-  for (int w = 0; w < threads; ++w) {
-    const int64_t b = n * w / threads, e = n * (w + 1) / threads;
-    pool.emplace_back([=, &fn] {
-      UseIeeeArithmetic();
-      fn(b, e, w);
-    });
-  }
-  for (auto& th : pool) th.join();
+  internal::RunWorkers(threads, [&](int w) {
+    struct RestoreModes {  // the thread's own modes back, also when fn throws
+      std::fenv_t modes;
+      RestoreModes() { std::fegetenv(&modes); }
+      ~RestoreModes() { std::fesetenv(&modes); }
+    } restore;
+    UseIeeeArithmetic();
+    fn(n * w / threads, n * (w + 1) / threads, w);
+  });
 }
 
 

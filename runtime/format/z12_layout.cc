@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "gemvz/format.h"
+#include "runtime/common/parallel.h"
 
 namespace gemvz::internal {
 
@@ -72,12 +73,8 @@ void ToGroupMajor(const uint8_t* weights, int64_t rows, int64_t cols, uint8_t* o
   const int64_t threads = std::min<int64_t>(
       {groups, static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())), 16,
        std::max<int64_t>(1, bytes >> 24)});  // 16 MiB a thread
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) {
-    pool.emplace_back(copy_groups, groups * t / threads, groups * (t + 1) / threads);
-  }
-  copy_groups(0, groups / threads);
-  for (std::thread& th : pool) th.join();
+  RunWorkers(static_cast<int>(threads),
+             [&](int t) { copy_groups(groups * t / threads, groups * (t + 1) / threads); });
 }
 
 }  // namespace gemvz::internal

@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gemvz/runtime.h"
 #include "runtime/common/env.h"
+#include "runtime/common/parallel.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/jit/kernel_cache.h"
@@ -87,10 +88,7 @@ std::vector<absl::StatusOr<PrecompileResult>> PrecompileEach(
       if (progress) progress(done, static_cast<int>(configs.size()), *r);
     }
   };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
+  RunWorkers(threads, [&](int) { worker(); });
   return results;
 }
 

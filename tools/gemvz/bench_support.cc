@@ -34,6 +34,7 @@
 #include "gemvz/format.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/file_util.h"
+#include "runtime/common/parallel.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/common/temp_files.h"
 
@@ -58,15 +59,7 @@ void ParallelFor(int64_t count, int threads, int64_t grain,
       fn(c * grain, std::min(count, (c + 1) * grain));
     }
   };
-  if (workers <= 1) {
-    work();
-    return;
-  }
-  std::vector<std::thread> pool;
-  pool.reserve(workers - 1);
-  for (int i = 1; i < workers; ++i) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  internal::RunWorkers(workers, [&](int) { work(); });
 }
 
 uint64_t SplitMix64(uint64_t& state) {

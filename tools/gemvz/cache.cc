@@ -201,9 +201,9 @@ int RunCache(const std::vector<std::string>& args) {
     const char* flag;
     const char* owner;
     bool given;
-  } owned[] = {{"json", "list", !absl::GetFlag(FLAGS_json).empty()},
-               {"cache_remove_bad", "verify", absl::GetFlag(FLAGS_cache_remove_bad)},
-               {"cache_max_bytes", "prune", !absl::GetFlag(FLAGS_cache_max_bytes).empty()}};
+  } owned[] = {{"json", "list", FlagGiven("json")},
+               {"cache_remove_bad", "verify", FlagGiven("cache_remove_bad")},
+               {"cache_max_bytes", "prune", FlagGiven("cache_max_bytes")}};
   for (const auto& o : owned) {
     if (o.given && sub != o.owner) {
       return Fail(absl::StrCat("--", o.flag, " is for 'gemvz cache ", o.owner, "', not '", sub,

@@ -22,6 +22,10 @@ struct Command {
 bool RegisterCommand(const Command& command);
 const std::vector<Command>& Commands();
 
+// Whether the command line gave the flag `name` ("sweep_format"), whatever the value, even its
+// default: for a command to refuse a flag that its other flags would make it ignore.
+bool FlagGiven(const std::string& name);
+
 }  // namespace gemvz::cli
 
 #define GEMVZ_REGISTER_COMMAND(id, ...) \

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,15 @@ const std::vector<Command>& Commands() {
   static std::vector<Command>* commands = new std::vector<Command>();
   return *commands;
 }
+
+namespace {
+std::set<std::string>& GivenFlags() {  // filled by ParseArgs, before the command runs
+  static std::set<std::string>* given = new std::set<std::string>();
+  return *given;
+}
+}  // namespace
+
+bool FlagGiven(const std::string& name) { return GivenFlags().count(name) > 0; }
 
 namespace {
 
@@ -105,6 +115,7 @@ int ParseArgs(const Command& command, int argc, char** argv, std::vector<std::st
     if (!flag->ParseFrom(*value, &error)) {
       return usage_error("bad " + shown + "=" + *value + ": " + error);
     }
+    GivenFlags().insert(std::string(flag->Name()));
   }
   return 0;
 }
@@ -161,7 +172,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> args;
   if (int rc = gemvz::cli::ParseArgs(*command, argc, argv, &args); rc != 0) return rc;
   // Host memory running out (a --shape too large for this machine, say) ends the command with
-  // a message, not an abort; the objects unwound on the way remove their temporary files.
+  // a message, not an abort: the thread pools bring a worker's std::bad_alloc back to their
+  // caller (internal::RunWorkers), and the writers unwound on the way remove their temporary
+  // files (SafetensorsWriter, AtomicWriteFileStreamed).
   try {
     return command->run(args);
   } catch (const std::bad_alloc&) {

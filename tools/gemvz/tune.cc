@@ -78,7 +78,8 @@ const std::string& TuneUsage() {
       "  --config=CONFIG     time this one configuration (default: none; give it or --sweep)\n"
       "  --sweep             time every configuration of gemvz::SweepSpace for each (shape, m)\n"
       "                      and print the ranking (default false)\n"
-      "  --sweep_format=F    the format --sweep explores: z12 or bf16 (default z12)\n"
+      "  --sweep_format=F    the format --sweep explores: z12 or bf16 (default z12); with --sweep\n"
+      "                      only\n"
       "  --space=FILE        sweep the configurations listed in FILE instead, one per line;\n"
       "                      blank lines and lines starting with # are ignored (implies --sweep)\n"
       "  --top=N             ranking lines printed per (shape, m); 0 prints all (default 20)\n"
@@ -414,7 +415,7 @@ int RunTune(const std::vector<std::string>& args) {
                            : "--config and --sweep/--space exclude each other");
   }
   // Only --sweep's space is chosen by format; a value given anyway would be ignored in silence.
-  if (absl::GetFlag(FLAGS_sweep_format) != "z12" && !absl::GetFlag(FLAGS_sweep)) {
+  if (FlagGiven("sweep_format") && !absl::GetFlag(FLAGS_sweep)) {
     return usage_error(
         "--sweep_format chooses what --sweep explores; --config and --space name their "
         "configurations themselves");

@@ -213,10 +213,11 @@ int RunWarmup(const std::vector<std::string>& args) {
     status = 1;
   } else if (const int evicted = NotInCache(cache_dir, *results); evicted > 0) {
     // Each write prunes the cache to its cap, least recently used first: a cap smaller than this
-    // warm-up's kernels evicts some of them (or other processes filled the cache meanwhile).
+    // warm-up's kernels evicts some of them. Another process may also have pruned or cleared it.
     std::printf(
-        "error: %d of %zu kernels are no longer in %s: its size cap, %s bytes "
-        "(GEMVZ_CACHE_MAX_BYTES, default 1G), cannot hold them all; raise it\n",
+        "error: %d of %zu kernels are no longer in %s: evicted by its size cap, %s bytes "
+        "(GEMVZ_CACHE_MAX_BYTES, default 1G), too small to hold them all, or removed by another "
+        "process (gemvz cache prune or clear)\n",
         evicted, results->size(), cache_dir.c_str(),
         absl::StrCat(internal::DiskCacheMaxBytes()).c_str());
     status = 1;

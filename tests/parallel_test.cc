@@ -1,0 +1,109 @@
+// RunWorkers: every worker exactly once, a worker's exception brought back to the caller after
+// all have ended, and workers whose thread cannot start run on the caller instead.
+#include "runtime/common/parallel.h"
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace gemvz::internal {
+namespace {
+
+TEST(RunWorkers, RunsEveryWorkerExactlyOnceWorkerZeroOnTheCaller) {
+  for (int workers : {1, 2, 7, 32}) {
+    std::vector<std::atomic<int>> runs(workers);
+    std::atomic<int> on_caller{-1};
+    const std::thread::id caller = std::this_thread::get_id();
+    RunWorkers(workers, [&](int w) {
+      runs[w].fetch_add(1);
+      if (std::this_thread::get_id() == caller) on_caller = w;
+    });
+    for (int w = 0; w < workers; ++w) EXPECT_EQ(runs[w].load(), 1) << w << " of " << workers;
+    EXPECT_EQ(on_caller.load(), 0) << workers;
+  }
+  RunWorkers(0, [](int) { ADD_FAILURE() << "no worker asked for"; });
+}
+
+TEST(RunWorkers, AWorkersExceptionIsRethrownOnceEveryWorkerHasEnded) {
+  std::atomic<int> finished{0};
+  try {
+    RunWorkers(6, [&](int w) {
+      if (w == 2 || w == 4) throw std::runtime_error("worker " + std::to_string(w));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      finished.fetch_add(1);
+    });
+    ADD_FAILURE() << "no exception came back";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "worker 2");  // the first in worker order
+  }
+  EXPECT_EQ(finished.load(), 4);  // the others ran to their end first
+}
+
+// The child's part of the test below, in a process of its own, started afresh by exec: no thread
+// ever ran there, so no cached thread stack could start one (a forked child inherits the cache).
+// Its address space is then capped with no room for another thread's stack, so every std::thread
+// fails to start, and the work must still be done, all of it on the calling thread. The exit
+// status says what went wrong.
+constexpr char kChildVariable[] = "GEMVZ_PARALLEL_TEST_NO_ROOM_FOR_THREADS";
+
+int NoRoomForThreads() {
+  long pages = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  if (pages <= 0) return 3;
+  const rlim_t now = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE));
+  const rlimit limit{now + (1u << 20), now + (1u << 20)};  // 1 MiB more: no 8 MiB stack
+  if (::setrlimit(RLIMIT_AS, &limit) != 0) return 4;
+  int runs[8] = {0};
+  bool all_on_caller = true;
+  const std::thread::id caller = std::this_thread::get_id();
+  try {
+    RunWorkers(8, [&](int w) {
+      ++runs[w];
+      all_on_caller = all_on_caller && std::this_thread::get_id() == caller;
+    });
+  } catch (...) {
+    return 5;
+  }
+  for (int r : runs) {
+    if (r != 1) return 6;
+  }
+  return all_on_caller ? 0 : 7;
+}
+
+// Before gtest's main: the child does its part and ends there.
+const bool kIsChild = [] {
+  if (std::getenv(kChildVariable) != nullptr) ::_exit(NoRoomForThreads());
+  return false;
+}();
+
+TEST(RunWorkers, WorkersWhoseThreadCannotStartRunOnTheCaller) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setenv(kChildVariable, "1", 1);
+    ::execl("/proc/self/exe", "parallel_test", static_cast<char*>(nullptr));
+    ::_exit(2);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child ended by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "2: no exec, 3: no statm, 4: no setrlimit, 5: RunWorkers threw, 6: a worker ran other "
+         "than once, 7: a thread started after all (the limit left room for it)";
+}
+
+}  // namespace
+}  // namespace gemvz::internal
