@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -788,11 +789,13 @@ TEST(CheckpointTest, CorruptPackedFilesAreCaught) {
 
 std::string ToolPath() { return GEMVZ_TOOL_PATH; }
 
-// Runs the CLI in `dir`; returns its exit status and fills stdout/stderr.
-int RunTool(const std::string& args, std::string* out, std::string* err, const std::string& dir) {
+// Runs the CLI; returns its exit status and fills stdout/stderr (files in `dir`). With `cwd`, it
+// runs there (an absolute path, so that `dir` and the arguments mean the same there).
+int RunTool(const std::string& args, std::string* out, std::string* err, const std::string& dir,
+            const std::string& cwd = "") {
   const std::string o = dir + "/stdout.txt", e = dir + "/stderr.txt";
-  const int rc =
-      std::system(("cd " + dir + " && " + ToolPath() + " " + args + " >" + o + " 2>" + e).c_str());
+  const std::string in = cwd.empty() ? "" : "cd " + cwd + " && ";
+  const int rc = std::system((in + ToolPath() + " " + args + " >" + o + " 2>" + e).c_str());
   *out = ReadAll(o);
   *err = ReadAll(e);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
@@ -940,7 +943,10 @@ TEST(CheckpointTest, CommandLineRefusesAReportOverAnInputOrAnOutput) {
   if (ToolPath().empty() || ::access(ToolPath().c_str(), X_OK) != 0) {
     GTEST_SKIP() << "the gemvz CLI was not built";
   }
-  const std::string dir = MakeTempDir("checkpoint_test");
+  // Absolute (TMPDIR may be relative): one case runs the tool in `dir` with relative paths.
+  char real[PATH_MAX];
+  ASSERT_NE(::realpath(MakeTempDir("checkpoint_test").c_str(), real), nullptr);
+  const std::string dir = real;
   const std::string a = dir + "/a.safetensors";
   WriteCheckpoint(a, SyntheticShards(FreshSeed())[0]);
   const std::string original = ReadAll(a);
@@ -951,7 +957,7 @@ TEST(CheckpointTest, CommandLineRefusesAReportOverAnInputOrAnOutput) {
   ASSERT_EQ(::symlink(dir.c_str(), (dir + "/here").c_str()), 0);
   ASSERT_EQ(::mkdir((dir + "/sub").c_str(), 0755), 0);
   const struct {
-    std::string args, message;
+    std::string args, message, cwd;
   } cases[] = {
       {a + " -o " + dir + "/p1 --json=" + a, "is the input '" + a + "'"},
       {a + " -o " + dir + "/p1 --json=" + dir + "/./a.safetensors", "is the input '" + a + "'"},
@@ -961,24 +967,29 @@ TEST(CheckpointTest, CommandLineRefusesAReportOverAnInputOrAnOutput) {
       {a + " -o " + dir + "/p2/ --json=" + dir + "/p2/a.safetensors",
        "is where '" + a + "' is packed to"},
       // -o still to be made, the report's path spelt another way: through a link to its parent,
-      // through "..", or relative (the tool runs in `dir`) against absolute.
+      // through "..", through ".." after a directory still to be made, relative (the tool run
+      // in `dir`) against absolute.
       {a + " -o " + dir + "/p2 --json=" + dir + "/here/p2/a.safetensors",
        "is where '" + a + "' is packed to"},
       {a + " -o " + dir + "/p2 --json=" + dir + "/sub/../p2/a.safetensors",
        "is where '" + a + "' is packed to"},
+      {a + " -o " + dir + "/sub/x/.. --json=" + dir + "/sub/a.safetensors",
+       "is where '" + a + "' is packed to"},
       {"a.safetensors -o p2 --json=" + dir + "/p2/a.safetensors",
-       "is where 'a.safetensors' is packed to"},
+       "is where 'a.safetensors' is packed to", dir},
       {a + " " + dir + "/./a.safetensors -o " + dir + "/p3",
        "the input '" + a + "' is given twice"},
       {a + " -o " + a, "-o " + a + " is not a directory"},
   };
   for (const auto& c : cases) {
-    EXPECT_EQ(RunTool("pack " + c.args, &out, &err, dir), 2) << c.args << "\n" << err;
+    EXPECT_EQ(RunTool("pack " + c.args, &out, &err, dir, c.cwd), 2) << c.args << "\n" << err;
     EXPECT_NE(err.find(c.message), std::string::npos) << c.args << "\n" << err;
   }
   EXPECT_EQ(ReadAll(a), original);
   EXPECT_EQ(ReadAll(dir + "/packed/a.safetensors"), packed);
-  for (const char* made : {"/p1", "/p2", "/p3"}) EXPECT_FALSE(Exists(dir + made)) << made;
+  for (const char* made : {"/p1", "/p2", "/p3", "/sub/x", "/sub/a.safetensors"}) {
+    EXPECT_FALSE(Exists(dir + made)) << made;
+  }
 }
 
 // File names are bytes, not UTF-8: such an input's --json report is written (with U+FFFD in

@@ -588,6 +588,8 @@ TEST_F(CliTest, FlagsAndVariablesThatWouldBeIgnoredAreUsageErrors) {
        "--sweep_format chooses what --sweep explores"},
       {{"tune", "--space=space.txt", "--sweep_format=z12"},  // its default, given all the same
        "--sweep_format chooses what --sweep explores"},
+      {{"tune", "--space=space.txt", "--sweep", "--sweep_format=bf16"},  // --space's list wins
+       "--sweep_format chooses what --sweep explores"},
       {{"cache", "list", "--cache_remove_bad=false"},
        "--cache_remove_bad is for 'gemvz cache verify', not 'list'"},
       {{"demo", "--device=-1"}, "bad --device=-1: expected a GPU ordinal, 0 or more"},

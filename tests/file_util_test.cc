@@ -202,8 +202,10 @@ TEST(SameFileTest, ExistingFilesByInodeFilesToBeWrittenByDirectoryAndName) {
   EXPECT_TRUE(SameFile(dir + "/a", dir + "/hard"));
   EXPECT_TRUE(SameFile(dir + "/a", dir + "/d/../a"));
   EXPECT_FALSE(SameFile(dir + "/a", dir + "/b"));
-  // One exists, the other not: two files.
+  // One exists, the other not: two files, unless the other leads to it once made.
   EXPECT_FALSE(SameFile(dir + "/a", dir + "/d/a"));
+  EXPECT_TRUE(SameFile(dir + "/a", dir + "/made/../a"));
+  EXPECT_TRUE(SameFile(dir + "/a", dir + "/made/x/../../link"));
   // Neither exists: the same name in one directory, compared by inode where it exists...
   EXPECT_TRUE(SameFile(dir + "/d/new", dir + "/dirlink/d/new"));
   EXPECT_TRUE(SameFile(dir + "/d/new", dir + "/d/../d/new"));
@@ -214,6 +216,8 @@ TEST(SameFileTest, ExistingFilesByInodeFilesToBeWrittenByDirectoryAndName) {
   EXPECT_TRUE(SameFile(dir + "/made/", dir + "/made"));
   EXPECT_TRUE(SameFile(dir + "/made/deeper/new", dir + "/dirlink/made/deeper/new"));
   EXPECT_TRUE(SameFile(dir + "/made/new", dir + "/d/../made/new"));
+  EXPECT_TRUE(SameFile(dir + "/d/new", dir + "/d/made/../new"));
+  EXPECT_TRUE(SameFile(dir + "/made/new", dir + "/made/x/y/../../new"));
   EXPECT_FALSE(SameFile(dir + "/made/new", dir + "/made2/new"));
   EXPECT_FALSE(SameFile(dir + "/made/new", dir + "/made/new2"));
   EXPECT_FALSE(SameFile(dir + "/made/new", dir + "/d/made/new"));
@@ -225,7 +229,14 @@ TEST(SameFileTest, ExistingFilesByInodeFilesToBeWrittenByDirectoryAndName) {
   EXPECT_TRUE(SameFile("new", dir + "/new"));
   EXPECT_TRUE(SameFile("a", dir + "/a"));
   EXPECT_FALSE(SameFile("made/new", dir + "/d/new"));
+  EXPECT_TRUE(SameFile("d/x/../new", dir + "/d/new"));
   ASSERT_EQ(::chdir(cwd), 0);
+  // Paths past PATH_MAX (no file can be opened by them) are compared as written, at once: the
+  // walk up to an ancestor that exists never starts (60000 names once took 100 s and a crash).
+  std::string long_path;
+  for (int i = 0; i < 60000; ++i) long_path += "a/";
+  EXPECT_TRUE(SameFile(long_path + "x", long_path + "./x"));
+  EXPECT_FALSE(SameFile(long_path + "x", long_path + "y"));
 }
 
 TEST(BaseNameTest, IsWhatFollowsTheLastSlash) {

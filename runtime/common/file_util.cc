@@ -6,10 +6,12 @@
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/log.h"
@@ -84,21 +86,44 @@ int Identify(const std::string& path, std::pair<dev_t, ino_t>* id) {
   return errno == ENOENT ? 0 : -1;
 }
 
+// Where the tidy path `p` leads, or will once the directories missing on it are made: its
+// nearest ancestor that exists, resolved (realpath: links, ".", ".."), then the names after it,
+// a ".." among them taking the name before it. "" when no ancestor resolves.
+std::string WhereItLeads(const std::string& p) {
+  std::vector<std::string> rest;  // the names after `head`, the last first
+  std::string head = p;
+  char resolved[PATH_MAX];
+  while (::realpath(head.c_str(), resolved) == nullptr) {
+    if (head == "." || head == "/") return "";
+    rest.push_back(BaseName(head));
+    head = DirName(head);
+  }
+  std::string out = resolved;
+  for (auto name = rest.rbegin(); name != rest.rend(); ++name) {
+    if (*name == "..") {
+      out = DirName(out);
+    } else {
+      if (out.back() != '/') out += '/';
+      out += *name;
+    }
+  }
+  // A ".." may have led back to something that exists ("new/../link"): resolve that too.
+  if (!rest.empty() && ::realpath(out.c_str(), resolved) != nullptr) return resolved;
+  return out;
+}
+
 }  // namespace
 
 bool SameFile(const std::string& a, const std::string& b) {
   std::pair<dev_t, ino_t> ia, ib;
-  const int ea = Identify(a, &ia), eb = Identify(b, &ib);
-  if (ea == 1 && eb == 1) return ia == ib;
-  if (ea == 1 || eb == 1) return false;  // one exists and the other not: two names
-  // Neither exists: the same name in the same directory, itself compared the same way, up to
-  // the nearest directories that exist ("/abs/out/r.json" and "out/r.json" with out still to be
-  // made meet at the working directory).
+  if (Identify(a, &ia) == 1 && Identify(b, &ib) == 1) return ia == ib;  // hard links too
+  // One or both still to be written: where each leads. A path longer than PATH_MAX names no file
+  // that can be opened, so it is compared as written (and the walk up stays short).
   const std::string ta = TidyPath(a), tb = TidyPath(b);
-  if (BaseName(ta) != BaseName(tb)) return false;
-  const std::string da = DirName(ta), db = DirName(tb);
-  if (da == ta || db == tb) return ta == tb;  // no parent left ("." or "/" that stat refused)
-  return SameFile(da, db);
+  if (ta.size() >= PATH_MAX || tb.size() >= PATH_MAX) return ta == tb;
+  const std::string la = WhereItLeads(ta), lb = WhereItLeads(tb);
+  if (la.empty() || lb.empty()) return ta == tb;
+  return la == lb;
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {

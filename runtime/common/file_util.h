@@ -47,10 +47,12 @@ std::string DirName(const std::string& path);
 // The file name part of `path`: what follows its last '/'.
 std::string BaseName(const std::string& path);
 
-// Whether `a` and `b` name one file: the same inode where both exist (links followed); where
-// neither does (files still to be written), the same name in the same directory, the directories
-// compared the same way, up to the nearest ones that exist. A command checks with it that an
-// output it is asked for is none of its inputs or other outputs.
+// Whether `a` and `b` name one file: the same inode where both exist (links followed); else
+// whether they lead to one place once the directories missing on them are made (each resolved
+// from its nearest ancestor that exists: "/abs/out/r.json", "out/x/../r.json" and "out/r.json"
+// are one file when out is still to be made). Links are followed, so a link to a file is that
+// file: a command checks with it that an output it is asked for is none of its inputs or other
+// outputs, and refuses a name that leads to one.
 bool SameFile(const std::string& a, const std::string& b);
 
 // A name beside `path` for this process's temporary or backup file:

@@ -415,7 +415,7 @@ int RunTune(const std::vector<std::string>& args) {
                            : "--config and --sweep/--space exclude each other");
   }
   // Only --sweep's space is chosen by format; a value given anyway would be ignored in silence.
-  if (FlagGiven("sweep_format") && !absl::GetFlag(FLAGS_sweep)) {
+  if (FlagGiven("sweep_format") && (!absl::GetFlag(FLAGS_sweep) || !space_path.empty())) {
     return usage_error(
         "--sweep_format chooses what --sweep explores; --config and --space name their "
         "configurations themselves");
