@@ -76,14 +76,12 @@ std::string TidyPath(const std::string& p) {
   return out.empty() ? "." : out;
 }
 
-// 1: exists (its identity in *id), 0: does not, -1: cannot tell (stat failed otherwise).
-int Identify(const std::string& path, std::pair<dev_t, ino_t>* id) {
+// Whether `path` exists (links followed), its identity then in *id.
+bool Identify(const std::string& path, std::pair<dev_t, ino_t>* id) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0) {
-    *id = {st.st_dev, st.st_ino};
-    return 1;
-  }
-  return errno == ENOENT ? 0 : -1;
+  if (::stat(path.c_str(), &st) != 0) return false;
+  *id = {st.st_dev, st.st_ino};
+  return true;
 }
 
 // Where the tidy path `p` leads, or will once the directories missing on it are made: its
@@ -116,7 +114,7 @@ std::string WhereItLeads(const std::string& p) {
 
 bool SameFile(const std::string& a, const std::string& b) {
   std::pair<dev_t, ino_t> ia, ib;
-  if (Identify(a, &ia) == 1 && Identify(b, &ib) == 1) return ia == ib;  // hard links too
+  if (Identify(a, &ia) && Identify(b, &ib)) return ia == ib;  // hard links too
   // One or both still to be written: where each leads. A path longer than PATH_MAX names no file
   // that can be opened, so it is compared as written (and the walk up stays short).
   const std::string ta = TidyPath(a), tb = TidyPath(b);

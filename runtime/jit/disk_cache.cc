@@ -1,8 +1,6 @@
 // The on-disk kernel cache (see disk_cache.h).
 #include "runtime/jit/disk_cache.h"
 
-#include "runtime/jit/cubin_info.h"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -11,11 +9,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
-#include <initializer_list>
 #include <ctime>
+#include <initializer_list>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -23,7 +21,9 @@
 #include "runtime/common/file_util.h"
 #include "runtime/common/hash.h"
 #include "runtime/common/log.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/jit/cache_key.h"
+#include "runtime/jit/cubin_info.h"
 #include "runtime/jit/nvrtc_compiler.h"
 
 namespace gemvz::internal {
@@ -412,6 +412,12 @@ std::unique_ptr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key,
   return nullptr;
 }
 
+absl::StatusOr<CompiledKernel> ReadEntryFile(const std::string& path, std::string_view expected_key,
+                                             DiskEntryMeta* meta) {
+  ASSIGN_OR_RETURN(const std::string bytes, ReadFile(path));
+  return ParseEntry(bytes, expected_key, meta);
+}
+
 absl::StatusOr<std::vector<DiskEntryInfo>> DiskCache::List(bool verify) const {
   absl::StatusOr<std::vector<std::string>> names = ListDir(kernels_dir_);
   if (!names.ok()) return names.status();
@@ -429,10 +435,7 @@ absl::StatusOr<std::vector<DiskEntryInfo>> DiskCache::List(bool verify) const {
     if (!IsHexKey(key)) {
       info.status = absl::DataLossError("file name is not <64 hex digits>.gemvzk");
     } else if (verify) {
-      absl::StatusOr<std::string> bytes = ReadFile(info.path);
-      absl::StatusOr<CompiledKernel> k = bytes.ok()
-                                             ? ParseEntry(*bytes, key, &info.meta)
-                                             : absl::StatusOr<CompiledKernel>(bytes.status());
+      absl::StatusOr<CompiledKernel> k = ReadEntryFile(info.path, key, &info.meta);
       if (k.ok()) {
         info.kernel_name = k->kernel_name;
         info.arch = k->arch;

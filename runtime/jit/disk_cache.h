@@ -33,6 +33,9 @@ std::string SerializeEntry(const CompiledKernel& kernel);
 // `expected_key` unless it is empty) and says what is wrong.
 absl::StatusOr<CompiledKernel> ParseEntry(std::string_view bytes, std::string_view expected_key,
                                           DiskEntryMeta* meta = nullptr);
+// The entry file at `path`, read and checked as ParseEntry does (NotFound when it is gone).
+absl::StatusOr<CompiledKernel> ReadEntryFile(const std::string& path, std::string_view expected_key,
+                                             DiskEntryMeta* meta = nullptr);
 
 // One file of the cache, as `List` sees it.
 struct DiskEntryInfo {

@@ -151,9 +151,8 @@ int Verify(internal::DiskCache& cache) {
       // put a good entry in its place since the list was made. Read directly, not through the
       // JIT's lookup, whose warnings speak of compiling.
       const std::unique_ptr<internal::DiskCache::KeyLock> lock = cache.LockKey(e.key);
-      const absl::StatusOr<std::string> bytes = internal::ReadFile(e.path);
-      const bool still_bad = bytes.ok() ? !internal::ParseEntry(*bytes, e.key).ok()
-                                        : !absl::IsNotFound(bytes.status());
+      const absl::StatusOr<internal::CompiledKernel> again = internal::ReadEntryFile(e.path, e.key);
+      const bool still_bad = !again.ok() && !absl::IsNotFound(again.status());
       if (still_bad && std::remove(e.path.c_str()) == 0) ++removed;
     }
   }

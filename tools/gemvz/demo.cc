@@ -112,8 +112,8 @@ absl::StatusOr<std::vector<KernelUse>> KernelsNeeded(const std::vector<MatrixSha
       if (forced) {
         plan.config = internal::InOrder(*forced, order);
         plan.source = "env";
-        const GemvShape launch =
-            internal::LaunchShape(GemvShape{internal::LaunchRowsFor(m), s.n, s.k}, plan.config);
+        // As Gemv and tune check it: one launch of its chunk of m (internal::LaunchShape).
+        const GemvShape launch = internal::LaunchShape(GemvShape{m, s.n, s.k}, plan.config);
         if (absl::Status st = Validate(plan.config, launch, limits); !st.ok()) {
           return absl::InvalidArgumentError(absl::StrCat("GEMVZ_FORCE_CONFIG=", *env_config,
                                                          " cannot run ", s.ToString(),
