@@ -278,6 +278,11 @@ TEST(Format, CompactExceptionsWithAZeroRow) {
   auto p = Pack(w.data(), rows, cols);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->stats.dense_rows, 1);
+  // Every byte a kernel may read (format.h's arrays), the dense row's values included.
+  const PackStats& st = p->stats;
+  EXPECT_EQ(st.total_bytes, static_cast<int64_t>(p->weights.size()) + 4 * (rows + 1) +
+                                8 * st.sparse_entries + 4 * (rows / 16 + 1) + st.dense_rows +
+                                2 * st.dense_rows * cols);
   // The zero row costs its own K BF16 values, nothing for the other rows.
   const int64_t side = p->stats.total_bytes - static_cast<int64_t>(p->weights.size());
   const int64_t side0 = base->stats.total_bytes - static_cast<int64_t>(base->weights.size());

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -320,6 +322,42 @@ TEST(Gemv, OddShapesGoToThePlainPath) {
   }
 }
 
+// Weights the 12-bit format cannot hold (NaN, Inf) in a packable shape: FromBf16 keeps them as
+// plain BF16, saying why, as it does for a shape it cannot pack; the product carries them through.
+TEST(Gemv, NonFiniteWeightsGoToThePlainPath) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t n = 64, k = 256, m = 5;
+  auto w = testing::RandomMatrix(n, k, Distribution::kNormal, seed);
+  w[5 * k + 7] = 0x7FC0;  // NaN
+  w[9 * k + 3] = 0xFF80;  // -Inf
+  auto dm = DeviceMatrix::FromBf16(w.data(), n, k);
+  ASSERT_TRUE(dm.ok()) << dm.status();
+  EXPECT_EQ(dm->format(), WeightFormat::kBf16);
+  EXPECT_NE(dm->fallback_reason().find("(row 5, col 7) is NaN"), std::string::npos)
+      << dm->fallback_reason();
+  const auto x = testing::RandomActivations(m, k, seed + 1);
+  DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
+  dx.Upload(x.data(), x.size() * 2);
+  dout.Fill16(kPoison);
+  ASSERT_TRUE(Gemv(*dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr).ok());
+  std::vector<uint16_t> got(m * n);
+  dout.Download(got.data(), got.size() * 2);
+  // Rows 5 and 9 come out non-finite; the rest against the reference of the other weights.
+  auto w_finite = w;
+  for (int64_t row : {5, 9}) {
+    std::fill(w_finite.begin() + row * k, w_finite.begin() + (row + 1) * k, uint16_t{0});
+    for (int64_t t = 0; t < m; ++t) {
+      EXPECT_EQ(got[t * n + row] & 0x7F80, 0x7F80) << "token " << t << ", row " << row;
+      got[t * n + row] = 0;
+    }
+  }
+  std::vector<double> ref, abs_sum;
+  testing::ReferenceGemv(w_finite, x, m, n, k, &ref, &abs_sum);
+  EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "");
+}
+
 // x is nonzero only on columns that hold exceptions: the decoded weights alone give a visibly
 // wrong answer there; with the corrections the answer is exact.
 TEST(Gemv, ExceptionProbe) {
@@ -387,6 +425,8 @@ TEST(Gemv, DenseRowsWithValues) {
   ASSERT_TRUE(packed.ok()) << packed.status();
   ASSERT_EQ(packed->stats.dense_rows, 5) << "the test needs these five rows to be dense";
   const Problem p = Problem::Make(n, k, w);
+  // The bytes a call reads, dense rows' values once: what the benchmark divides by.
+  EXPECT_EQ(p.dm.weight_bytes(), packed->stats.total_bytes);
   for (const int64_t m : {1, 8, 13, 16, 29}) {
     EXPECT_EQ(p.Check(m, {}, seed + m), "") << "dispatcher, m=" << m;
   }
@@ -1342,6 +1382,55 @@ TEST(Gemv, ErrorPaths) {
   st = run(1, {}, x, out);
   unsetenv("GEMVZ_FORCE_CONFIG");
   EXPECT_NE(st.message().find("GEMVZ_FORCE_CONFIG"), std::string::npos) << st;
+}
+
+// A misaligned x or out is refused before anything is launched: in a kernel it would be a
+// misaligned-address fault, which spoils the context for every later call. The plain path with K
+// not a multiple of 64 copies x first, so there x needs only its elements' alignment.
+TEST(Gemv, MisalignedPointersAreRefusedBeforeAnyLaunch) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t n = 64, k = 256;
+  const Problem p = Problem::Make(n, k, testing::RandomMatrix(n, k, Distribution::kNormal, seed));
+  ASSERT_EQ(p.dm.format(), WeightFormat::kZ12);
+  auto plain = DeviceMatrix::UploadPlain(p.w.data(), n, k);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  DeviceBuffer dx(2 * 16 * 1024 * 2), dout(2 * 16 * 256 * 4);
+  const uint16_t* x = dx.as<uint16_t>();
+  uint16_t* out = dout.as<uint16_t>();
+  auto bytes_past = [](auto* ptr, int bytes) {
+    using T = std::remove_pointer_t<decltype(ptr)>;
+    return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(ptr) + bytes);
+  };
+  for (const DeviceMatrix* w : std::initializer_list<const DeviceMatrix*>{&p.dm, &*plain}) {
+    for (int off : {2, 8, 14}) {
+      const absl::Status st = Gemv(*w, bytes_past(x, off), 1, out, nullptr);
+      EXPECT_NE(st.message().find("must be 16-byte aligned"), std::string::npos) << st;
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    }
+    EXPECT_NE(Gemv(*w, x, 1, bytes_past(out, 1), nullptr).message().find("2-byte aligned"),
+              std::string::npos);
+    float* out32 = dout.as<float>();
+    EXPECT_NE(GemvFp32(*w, x, 1, bytes_past(out32, 2), nullptr).message().find("4-byte aligned"),
+              std::string::npos);
+    EXPECT_TRUE(Gemv(*w, bytes_past(x, 16), 1, bytes_past(out, 2), nullptr).ok());
+  }
+  // K = 1000: the plain path copies x, so any 2-byte aligned x will do; an odd address will not.
+  const Problem padded =
+      Problem::Make(48, 1000, testing::RandomMatrix(48, 1000, Distribution::kNormal, seed + 1));
+  ASSERT_EQ(padded.dm.format(), WeightFormat::kBf16);
+  EXPECT_TRUE(Gemv(padded.dm, bytes_past(x, 2), 3, out, nullptr).ok());
+  EXPECT_NE(Gemv(padded.dm, bytes_past(x, 1), 3, out, nullptr).message().find("2-byte aligned"),
+            std::string::npos);
+  // Nothing was spoiled: the context still runs GEMVs, and right.
+  absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  const auto& api = **internal::Driver();
+  ASSERT_EQ(api.cuCtxSetCurrent(*ctx), CUDA_SUCCESS);
+  EXPECT_EQ(api.cuCtxSynchronize(), CUDA_SUCCESS);
+  EXPECT_EQ(p.Check(8, {}, seed + 2), "");
+  EXPECT_EQ(padded.Check(8, {}, seed + 3), "");
 }
 
 // Group-major weights (WeightOrder::kGroupMajor): each 12-bit configuration of a broad sweep

@@ -515,6 +515,43 @@ TEST(KernelCacheTest, GpuEntryPointsWithoutDriverSayWhy) {
   EXPECT_TRUE(cache.GetForConfig(KernelConfig{}, "sm_90").ok());
 }
 
+// GEMVZ_ARCH is read at every call (a warm-up may go from one target to the next by changing it);
+// only what a device reports is cached, and a value set once does not stick after it is unset.
+TEST(KernelCacheTest, GemvzArchIsReadAtEveryCall) {
+  std::string own;  // the device's own, where there is one
+  if (DeviceCount() > 0) {
+    ScopedEnv env("GEMVZ_ARCH", std::nullopt);
+    auto device = DeviceArch(0);
+    ASSERT_TRUE(device.ok()) << device.status();
+    own = *device;
+  }
+  // Ends on sm_90a, which no device reports as its own.
+  for (const char* arch : {"sm_80", "sm_90a", "sm_80", "sm_90a"}) {
+    ScopedEnv env("GEMVZ_ARCH", arch);
+    auto device = DeviceArch(0);
+    ASSERT_TRUE(device.ok()) << device.status();
+    EXPECT_EQ(*device, arch);
+    auto by_default = DefaultArch(0);
+    ASSERT_TRUE(by_default.ok()) << by_default.status();
+    EXPECT_EQ(*by_default, arch);
+  }
+  {
+    ScopedEnv env("GEMVZ_ARCH", "sm_foo");
+    EXPECT_NE(DeviceArch(0).status().message().find("GEMVZ_ARCH: "), std::string::npos);
+  }
+  ScopedEnv env("GEMVZ_ARCH", std::nullopt);
+  if (!own.empty()) {
+    auto device = DeviceArch(0);
+    ASSERT_TRUE(device.ok()) << device.status();
+    EXPECT_EQ(*device, own) << "the device's own architecture, not the last GEMVZ_ARCH";
+  } else {
+    EXPECT_FALSE(DeviceArch(0).ok()) << "no GPU, no GEMVZ_ARCH: nothing to report";
+    auto by_default = DefaultArch(0);
+    ASSERT_TRUE(by_default.ok()) << by_default.status();
+    EXPECT_EQ(*by_default, "sm_90");
+  }
+}
+
 TEST(KernelCacheTest, UnknownSourceFileIsNamed) {
   KernelCache cache(StandInOptions(""));
   CompileRequest r;

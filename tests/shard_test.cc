@@ -95,6 +95,26 @@ TEST(Shard, RefusesMisalignedRanges) {
   EXPECT_FALSE(SplitCols(*p, 0).ok());
 }
 
+TEST(Shard, SplitRangesDealsWholeUnitsAndRefusesBadArguments) {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  auto r = SplitRanges(112, 16, 3);  // 7 units: 3, 2, 2
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, (Ranges{{0, 48}, {48, 80}, {80, 112}}));
+  r = SplitRanges(64, 16, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, (Ranges{{0, 16}, {16, 32}, {32, 48}, {48, 64}}));
+  // Each refusal names its reason; none divides by zero or drops a remainder.
+  EXPECT_NE(SplitRanges(64, 0, 2).status().message().find("unit 0 < 1"), std::string::npos);
+  EXPECT_NE(SplitRanges(64, 16, 0).status().message().find("parts 0 < 1"), std::string::npos);
+  EXPECT_NE(SplitRanges(100, 16, 2).status().message().find("not a whole number"),
+            std::string::npos);
+  EXPECT_NE(SplitRanges(-16, 16, 1).status().message().find("not a whole number"),
+            std::string::npos);
+  EXPECT_NE(SplitRanges(64, 16, 8).status().message().find("cannot split 4 units"),
+            std::string::npos);
+  EXPECT_EQ(SplitRanges(64, 16, 8).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Runs the shards of one matrix on `devices` GPUs (round robin, one thread per shard) and checks
 // the assembled output against the reference: output-parallel concatenates, input-parallel sums
 // FP32 partials (what an all-reduce does).

@@ -30,7 +30,7 @@ struct PackStats {
   int64_t outside_window = 0;     // weights whose high byte the window cannot produce
   int64_t sparse_entries = 0;     // correction entries (a weight may need two)
   int64_t residual_entries = 0;   // second entries, needed where FP32 cannot hold the difference
-  int64_t dense_rows = 0;         // rows stored whole because most of their weights are outside
+  int64_t dense_rows = 0;         // rows stored whole: more than K/8 of their weights outside
   int64_t total_bytes = 0;        // every byte the kernel may read, side tables included
   double bits_per_weight = 0;     // total_bytes * 8 / weights
   double exception_rate = 0;      // outside_window / weights

@@ -36,8 +36,9 @@ class DeviceMatrix {
   // Uploads a packed matrix (checked with ValidatePacked first).
   static absl::StatusOr<DeviceMatrix> Upload(const PackedMatrix& packed, int device = 0,
                                              const UploadOptions& options = {});
-  // Uploads BF16 weights [rows, cols] (host, row-major): packed to 12 bits when the shape allows,
-  // else kept as plain BF16; fallback_reason() says why.
+  // Uploads BF16 weights [rows, cols] (host, row-major): packed to 12 bits when the shape and the
+  // values allow, else kept as plain BF16 (a shape Pack refuses, or an Inf or NaN weight);
+  // fallback_reason() says why.
   static absl::StatusOr<DeviceMatrix> FromBf16(const uint16_t* host_bf16, int64_t rows,
                                                int64_t cols, int device = 0,
                                                const UploadOptions& options = {});
@@ -54,7 +55,9 @@ class DeviceMatrix {
   // The device order of a 12-bit matrix's weights: the kernels Gemv runs on it take this order
   // (KernelConfig::order). kBlockMajor for plain BF16.
   WeightOrder order() const;
-  // Device bytes the kernel streams per call (weights and side tables).
+  // The weight bytes one call reads: for 12-bit the packed weights and side tables
+  // (PackStats::total_bytes, counted from what was uploaded); for plain BF16 2 x rows x cols (the
+  // plain kernel also reads the zeros that pad the matrix to 16 rows and 64 columns).
   int64_t weight_bytes() const;
   // Why the matrix is plain BF16 rather than 12-bit; empty when it is 12-bit or asked plain.
   const std::string& fallback_reason() const;
@@ -93,7 +96,9 @@ struct GemvOptions {
 // equal rows (m = 40: two of 20; more where the chosen kernel takes fewer rows, GemvPlan), each
 // reading all the weights, so beyond 32 rows a BF16 GEMM is the faster tool (docs/BENCHMARKS.md,
 // "Above m = 16"). Asynchronous; capturable in a CUDA graph. Safe to call concurrently on
-// different streams.
+// different streams. x must be 16-byte aligned (2-byte for a plain BF16 matrix whose K is not a
+// multiple of 64) and out aligned to its element; cudaMalloc's pointers are. A misaligned one is
+// InvalidArgument, before anything is launched.
 absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t* out,
                   CUstream_st* stream, const GemvOptions& options = {});
 

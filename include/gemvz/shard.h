@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -27,7 +28,11 @@ absl::StatusOr<PackedMatrix> ShardCols(const PackedMatrix& packed, int64_t col_b
 absl::StatusOr<std::vector<PackedMatrix>> SplitRows(const PackedMatrix& packed, int parts);
 absl::StatusOr<std::vector<PackedMatrix>> SplitCols(const PackedMatrix& packed, int parts);
 
-// The [begin, end) ranges SplitRows / SplitCols use.
-std::vector<std::pair<int64_t, int64_t>> SplitRanges(int64_t extent, int64_t unit, int parts);
+// The [begin, end) ranges SplitRows / SplitCols use: `extent` (a whole number of `unit`s) in
+// `parts` contiguous ranges of whole units, the first ones taking the remainder. InvalidArgument
+// when unit or parts is below 1, extent is not a multiple of unit, or there are fewer units than
+// parts.
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> SplitRanges(int64_t extent, int64_t unit,
+                                                                     int parts);
 
 }  // namespace gemvz

@@ -323,8 +323,7 @@ absl::StatusOr<PackedMatrix> Pack(const uint16_t* w, int64_t rows, int64_t cols,
   s.sparse_entries = n_entries;
   s.residual_entries = residual;
   s.dense_rows = n_dense;
-  s.total_bytes = static_cast<int64_t>(p.weights.size()) + 4 * (rows + 1) + 8 * n_entries +
-                  4 * (nblocks + 1) + n_dense + 2 * n_dense * cols;
+  s.total_bytes = internal::KernelBytes(p);
   s.bits_per_weight = 8.0 * static_cast<double>(s.total_bytes) / static_cast<double>(s.weights);
   s.exception_rate = static_cast<double>(outside) / static_cast<double>(s.weights);
   s.window_coverage = 1.0 - s.exception_rate;

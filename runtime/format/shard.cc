@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/format/z12_layout.h"
 
 namespace gemvz {
 namespace {
@@ -40,10 +41,7 @@ void RecomputeStats(PackedMatrix& p) {
   s.outside_window = outside;
   s.residual_entries = residual;
   s.dense_rows = static_cast<int64_t>(p.dense_rows.size());
-  const int64_t nblocks = p.rows / kRowBlock;
-  s.total_bytes = static_cast<int64_t>(p.weights.size()) + 4 * (p.rows + 1) +
-                  8 * s.sparse_entries + 4 * (nblocks + 1) + s.dense_rows +
-                  2 * s.dense_rows * p.cols;
+  s.total_bytes = internal::KernelBytes(p);
   s.bits_per_weight = s.weights ? 8.0 * s.total_bytes / s.weights : 0;
   s.exception_rate = s.weights ? static_cast<double>(outside) / s.weights : 0;
   s.window_coverage = 1 - s.exception_rate;
@@ -123,9 +121,22 @@ absl::StatusOr<PackedMatrix> ShardCols(const PackedMatrix& p, int64_t c0, int64_
   return s;
 }
 
-std::vector<std::pair<int64_t, int64_t>> SplitRanges(int64_t extent, int64_t unit, int parts) {
-  std::vector<std::pair<int64_t, int64_t>> out;
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> SplitRanges(int64_t extent, int64_t unit,
+                                                                     int parts) {
+  if (unit < 1) return absl::InvalidArgumentError(absl::StrCat("SplitRanges: unit ", unit, " < 1"));
+  if (parts < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("SplitRanges: parts ", parts, " < 1"));
+  }
+  if (extent < 0 || extent % unit != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SplitRanges: extent ", extent, " is not a whole number of units of ", unit));
+  }
   const int64_t units = extent / unit;
+  if (units < parts) {
+    return absl::InvalidArgumentError(absl::StrCat("SplitRanges: cannot split ", units,
+                                                   " units of ", unit, " into ", parts, " parts"));
+  }
+  std::vector<std::pair<int64_t, int64_t>> out;
   int64_t at = 0;
   for (int i = 0; i < parts; ++i) {
     const int64_t n = units / parts + (i < units % parts ? 1 : 0);
@@ -145,8 +156,9 @@ absl::StatusOr<std::vector<PackedMatrix>> Split(const PackedMatrix& p, int parts
     return absl::InvalidArgumentError(absl::StrCat("cannot split ", extent / unit, " ", what,
                                                    " into ", parts, " shards"));
   }
+  ASSIGN_OR_RETURN(const auto ranges, SplitRanges(extent, unit, parts));
   std::vector<PackedMatrix> out;
-  for (auto [b, e] : SplitRanges(extent, unit, parts)) {
+  for (auto [b, e] : ranges) {
     ASSIGN_OR_RETURN(PackedMatrix s, shard(p, b, e));
     out.push_back(std::move(s));
   }

@@ -77,4 +77,11 @@ void ToGroupMajor(const uint8_t* weights, int64_t rows, int64_t cols, uint8_t* o
              [&](int t) { copy_groups(groups * t / threads, groups * (t + 1) / threads); });
 }
 
+int64_t KernelBytes(const PackedMatrix& p) {
+  static_assert(sizeof(ExceptionEntry) == 8, "an entry is two 32-bit words");
+  return static_cast<int64_t>(
+      p.weights.size() + 4 * p.row_offsets.size() + sizeof(ExceptionEntry) * p.entries.size() +
+      4 * p.dense_block_offsets.size() + p.dense_rows.size() + 2 * p.dense_values.size());
+}
+
 }  // namespace gemvz::internal

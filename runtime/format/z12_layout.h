@@ -5,6 +5,8 @@
 #include <array>
 #include <cstdint>
 
+#include "gemvz/format.h"
+
 namespace gemvz::internal {
 
 // Position of one weight inside a group: fragment f (0..3), lane (0..31), value i (0..7).
@@ -39,5 +41,10 @@ std::array<uint32_t, 4> EmulateDecz(uint32_t s0, uint32_t s1, uint32_t q, uint32
 // with WeightOrder::kGroupMajor holds. Uses up to 16 threads. rows and cols are multiples of 16
 // and 64 (ValidatePacked); none is nothing to do.
 void ToGroupMajor(const uint8_t* weights, int64_t rows, int64_t cols, uint8_t* out);
+
+// Every byte of `p` a kernel may read (PackStats::total_bytes), counted from the arrays
+// themselves: the packed weights, row offsets, correction entries, dense-row block offsets, dense
+// rows' indices and values.
+int64_t KernelBytes(const PackedMatrix& p);
 
 }  // namespace gemvz::internal

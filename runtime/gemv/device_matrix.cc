@@ -178,7 +178,7 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, in
   s->n_dense = static_cast<int64_t>(dense_global_rows.size());
   ASSIGN_OR_RETURN(s->dense_global_rows, internal::UploadVector(*s, dense_global_rows, cs));
   RETURN_IF_ERROR(copies->Finish());
-  s->weight_bytes = packed.stats.total_bytes;
+  s->weight_bytes = internal::KernelBytes(packed);  // not the file's stats: what was uploaded
   return internal::DeviceMatrixState::Wrap(std::move(s));
 }
 
@@ -235,14 +235,19 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::FromBf16(const uint16_t* host, int64_
                                                     int64_t cols, int device,
                                                     const UploadOptions& options) {
   if (host == nullptr) return absl::InvalidArgumentError("FromBf16: the weight pointer is null");
-  absl::Status shape = CheckPackableShape(rows, cols);
-  if (shape.ok()) {
-    ASSIGN_OR_RETURN(PackedMatrix packed, Pack(host, rows, cols));
-    return Upload(packed, device, options);
+  absl::Status why_plain = CheckPackableShape(rows, cols);
+  if (why_plain.ok()) {
+    absl::StatusOr<PackedMatrix> packed = Pack(host, rows, cols);
+    if (packed.ok()) return Upload(*packed, device, options);
+    // Weights the format cannot hold (Inf, NaN) stay plain, as an unpackable shape does; a failed
+    // self-check is a bug and is not hidden behind a slower path.
+    if (packed.status().code() == absl::StatusCode::kInternal) return packed.status();
+    why_plain = packed.status();
+  } else if (rows <= 0 || cols <= 0) {
+    return why_plain;
   }
-  if (rows <= 0 || cols <= 0) return shape;
   ASSIGN_OR_RETURN(DeviceMatrix m, UploadPlain(host, rows, cols, device));
-  m.state_->fallback_reason = std::string(shape.message());
+  m.state_->fallback_reason = std::string(why_plain.message());
   return m;
 }
 

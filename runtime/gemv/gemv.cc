@@ -398,6 +398,23 @@ absl::Status GemvAny(const DeviceMatrix& w, const uint16_t* x, int64_t m, void* 
     return absl::InvalidArgumentError("Gemv: x and out must be device pointers, not null");
   }
   if (!w.valid()) return absl::InvalidArgumentError("Gemv: the DeviceMatrix is empty");
+  // A misaligned pointer would fault inside the kernel, and the fault would spoil the context for
+  // every later call: refuse it here. The kernels load x 16 bytes at a time (all but the plain
+  // path with K not a multiple of 64, which copies x first) and store out element by element.
+  const uintptr_t x_at = reinterpret_cast<uintptr_t>(x);
+  const bool x_read_in_place = w.format() == WeightFormat::kZ12 || w.cols() % 64 == 0;
+  const uintptr_t x_align = x_read_in_place ? 16 : 2;
+  if (x_at % x_align != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemv: x (at 0x", absl::Hex(x_at), ") must be ", x_align, "-byte aligned",
+                     x_read_in_place ? " (the kernels load it 16 bytes at a time)" : ""));
+  }
+  const uintptr_t out_at = reinterpret_cast<uintptr_t>(out);
+  const uintptr_t out_align = fp32_out ? 4 : 2;
+  if (out_at % out_align != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemv: out (at 0x", absl::Hex(out_at),
+                                                   ") must be ", out_align, "-byte aligned"));
+  }
   // Autotuning launches and allocates: never while the caller's stream is being captured.
   bool capturing = false;
   {

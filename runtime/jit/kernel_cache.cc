@@ -382,35 +382,35 @@ void KernelCache::DropMemoryForTesting() {
 // --- The process-wide entry points ----------------------------------------------------------
 
 absl::StatusOr<std::string> DeviceArch(int device) {
+  // GEMVZ_ARCH is read on every call, as GEMVZ_PDL is: a process that warms the cache for one
+  // target after another by changing it gets each one. Only what the device reports is cached.
+  if (std::optional<std::string> forced = GetEnv("GEMVZ_ARCH")) {
+    // Lets a user pick sm_90a (or test another target) without touching code.
+    if (absl::Status st = CheckArch(*forced); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("GEMVZ_ARCH: ", st.message()));
+    }
+    return *forced;
+  }
   static absl::Mutex mu(absl::kConstInit);
   static auto* const archs = new absl::flat_hash_map<int, std::string>();
   {
     absl::MutexLock lock(&mu);
     if (auto it = archs->find(device); it != archs->end()) return it->second;
   }
-  std::string arch;
-  if (std::optional<std::string> forced = GetEnv("GEMVZ_ARCH")) {
-    // Lets a user pick sm_90a (or test another target) without touching code.
-    if (absl::Status st = CheckArch(*forced); !st.ok()) {
-      return absl::Status(st.code(), absl::StrCat("GEMVZ_ARCH: ", st.message()));
-    }
-    arch = *forced;
-  } else {
-    RETURN_IF_ERROR(Driver().status());
-    const int count = DeviceCount();
-    if (device < 0 || device >= count) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device ", device, " does not exist (", count, " visible)"));
-    }
-    CUdevice dev;
-    CU_RETURN_IF_ERROR(cuDeviceGet(&dev, device));
-    int major = 0, minor = 0;
-    CU_RETURN_IF_ERROR(
-        cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
-    CU_RETURN_IF_ERROR(
-        cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
-    arch = absl::StrCat("sm_", major, minor);
+  RETURN_IF_ERROR(Driver().status());
+  const int count = DeviceCount();
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device ", device, " does not exist (", count, " visible)"));
   }
+  CUdevice dev;
+  CU_RETURN_IF_ERROR(cuDeviceGet(&dev, device));
+  int major = 0, minor = 0;
+  CU_RETURN_IF_ERROR(
+      cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+  CU_RETURN_IF_ERROR(
+      cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+  const std::string arch = absl::StrCat("sm_", major, minor);
   absl::MutexLock lock(&mu);
   archs->emplace(device, arch);
   return arch;

@@ -55,7 +55,9 @@ struct LoadedKernel {
   int blocks_per_sm = 0;
 };
 
-// The architecture NVRTC targets for `device`: "sm_<major><minor>" ("sm_90" on an H200).
+// The architecture NVRTC targets for `device`: GEMVZ_ARCH when set (checked, read at every call),
+// else "sm_<major><minor>" as the device reports it ("sm_90" on an H200; cached per device).
+// A device's GEMVs keep the value read at its first use (GetDeviceInfo caches it).
 absl::StatusOr<std::string> DeviceArch(int device);
 
 // The architecture to compile for when none is named: GEMVZ_ARCH when set (checked), else
