@@ -338,6 +338,11 @@ TEST_F(CliTest, BadArchOutputPathsAndRangesFailBeforeAnyWork) {
   const Result space = Run({"tune", "--space=adir"});
   EXPECT_EQ(space.rc, 2);
   EXPECT_CONTAINS(space.err, "Is a directory");
+  // An empty --configs (a variable that was not set) is not the default set of 113 kernels.
+  const Result empty_configs = Run({"warmup", "--configs="});
+  EXPECT_EQ(empty_configs.rc, 2) << empty_configs.err;
+  EXPECT_CONTAINS(empty_configs.err, "--configs needs a file name");
+  EXPECT_FALSE(absl::StrContains(empty_configs.err, "kernels for")) << empty_configs.err;
   // --j: a negative or absurd thread count, in every command that takes it.
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"demo", "--j=5000"},

@@ -338,6 +338,60 @@ TEST(DiskCacheTest, ListVerifyAndClear) {
   EXPECT_TRUE(cache.List(false)->empty());
 }
 
+// What else may lie under an entry's name in a shared directory: a FIFO (which used to block the
+// reader forever), a link to a device (read until memory ran out), a link to nothing (which list
+// and verify skipped and clear never removed), a directory with a file in it (which stopped clear
+// halfway). Each is a miss for the JIT and a bad entry for list and verify; clear removes what it
+// can and then names what it could not.
+TEST(DiskCacheTest, WhatIsNotAnEntryUnderAnEntrysNameIsABadEntryNeverAHang) {
+  TempDir dir;
+  DiskCache cache(dir.path());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(cache.Write(RandomKernel(200 + i)).ok());
+  const std::string fifo = RandomKernel(210).key, zero = RandomKernel(211).key,
+                    nowhere = RandomKernel(212).key, folder = RandomKernel(213).key;
+  ASSERT_EQ(::mkfifo(cache.EntryPath(fifo).c_str(), 0600), 0);
+  ASSERT_EQ(::symlink("/dev/zero", cache.EntryPath(zero).c_str()), 0);
+  ASSERT_EQ(::symlink(dir.Join("nothing").c_str(), cache.EntryPath(nowhere).c_str()), 0);
+  ASSERT_TRUE(CreateDirectories(cache.EntryPath(folder)).ok());
+  ASSERT_TRUE(AtomicWriteFile(cache.EntryPath(folder) + "/inside", "x").ok());
+  // In a child: a miss that finds something there warns once per process, and another test
+  // checks that once.
+  const int code = jit_test::RunInChild([&] {
+    for (const std::string& key : {fifo, zero}) {
+      CompiledKernel k;
+      std::string reason;
+      if (cache.Read(key, &k, &reason, false) != DiskCache::Lookup::kMissing) return 1;
+      if (reason.find("is not a regular file") == std::string::npos) return 2;
+    }
+    return 0;
+  });
+  EXPECT_EQ(code, 0) << "1: not a miss, 2: another reason";
+  absl::StatusOr<std::vector<DiskEntryInfo>> list = cache.List(/*verify=*/true);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 6u);
+  for (const DiskEntryInfo& e : *list) {
+    if (e.key == fifo || e.key == zero || e.key == folder) {
+      EXPECT_NE(e.status.message().find("is not a regular file"), std::string::npos) << e.status;
+    } else if (e.key == nowhere) {
+      EXPECT_NE(e.status.message().find("a link that leads nowhere"), std::string::npos)
+          << e.status;
+    } else {
+      EXPECT_TRUE(e.status.ok()) << e.status;
+    }
+  }
+  absl::StatusOr<int> cleared = cache.Clear();
+  ASSERT_FALSE(cleared.ok());
+  EXPECT_NE(
+      cleared.status().message().find("removed 5 entries but could not remove 1, the first '" +
+                                      cache.EntryPath(folder) + "'"),
+      std::string::npos)
+      << cleared.status();
+  list = cache.List(/*verify=*/false);
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].key, folder);
+}
+
 // An entry that exists but cannot be read (here a directory in its place; a permission or an I/O
 // error alike) is a miss with its reason, and one warning per process says so.
 TEST(DiskCacheTest, AnUnreadableEntryIsAMissSaidOnce) {

@@ -352,6 +352,10 @@ TEST_F(TuningFileTest, CorruptFilesAreReportedNamingTheFile) {
       {"garbage", "not valid JSON"},
       {R"({"version": 1, "entries": [)", "not valid JSON"},
       {"[]", "the top level is not a JSON object"},
+      // Nested deep: ordered_json's copy of such a value recursed until the stack ran out.
+      {absl::StrCat(R"({"version": 6, "x": )", std::string(100000, '['), std::string(100000, ']'),
+                    R"(, "entries": []})"),
+       "objects and arrays nest more than 64 deep"},
       {"{}", "no integer \"version\" field"},
       {R"({"version": "1", "entries": []})", "no integer \"version\" field"},
       {R"({"version": 0, "entries": []})", "unknown schema version 0"},

@@ -245,6 +245,32 @@ TEST(BaseNameTest, IsWhatFollowsTheLastSlash) {
   EXPECT_EQ(BaseName("/c"), "c");
 }
 
+// What gemvz keeps on disk is read only if it is a regular file of bounded size: a FIFO left
+// under an entry's name is refused at once (it used to block the reader forever, waiting for a
+// writer), and so are a device, a directory and a file above the limit.
+TEST(ReadRegularFileTest, RefusesWhatIsNotARegularFileWithoutBlocking) {
+  const std::string dir = MakeTempDir("file_util_test");
+  WriteAll(dir + "/small", "0123456789");
+  auto read = ReadRegularFile(dir + "/small", 10);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "0123456789");
+  read = ReadRegularFile(dir + "/small", 9);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(read.status().message().find("is 10 bytes, more than the 9"), std::string::npos)
+      << read.status();
+  EXPECT_TRUE(absl::IsNotFound(ReadRegularFile(dir + "/none", 10).status()));
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  ASSERT_EQ(::symlink("/dev/zero", (dir + "/zero").c_str()), 0);
+  for (const std::string path : {dir + "/fifo", dir + "/zero", dir, std::string("/dev/null")}) {
+    read = ReadRegularFile(path, 1 << 20);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kFailedPrecondition) << path;
+    EXPECT_NE(read.status().message().find("is not a regular file"), std::string::npos)
+        << read.status();
+  }
+  // ReadFile still reads what a user names, a pipe included.
+  EXPECT_EQ(*ReadFile("/dev/null"), "");
+}
+
 }  // namespace
 }  // namespace gemvz::internal
 

@@ -262,6 +262,8 @@ TEST(SafetensorsTest, BadFilesAreRefusedNamingFileAndTensor) {
            std::to_string(b) + "," + std::to_string(e) + "]}";
   };
   const std::string good_header = "{\"w\":" + entry("BF16", "[2,4]", 0, 16) + "}";
+  std::string ones;
+  for (int i = 0; i < 150; ++i) ones += "1,";
   const std::vector<BadCase> cases = {
       {"empty file", "", "truncated", nullptr},
       {"7 bytes", std::string(7, '\0'), "truncated", nullptr},
@@ -273,6 +275,17 @@ TEST(SafetensorsTest, BadFilesAreRefusedNamingFileAndTensor) {
       {"header not json", RawFile("{not json", data16), "not valid JSON", nullptr},
       {"header cut short", RawFile(good_header.substr(0, 20), data16), "not valid JSON", nullptr},
       {"header an array", RawFile("[1,2,3]", data16), "not a JSON object", nullptr},
+      // Nesting that would crash a DOM's recursive dump or copy is refused before the parse.
+      {"shape nested 60000 deep",
+       RawFile("{\"w\":" + entry("BF16", std::string(60000, '[') + std::string(60000, ']'), 0, 16) +
+                   "}",
+               data16),
+       "nest more than 64 deep", nullptr},
+      {"a NUL in the header", RawFile(good_header + std::string("\0", 1) + "{\"x\":1}", data16),
+       "NUL byte at offset", nullptr},
+      {"a long shape with a bad dimension, quoted in part",
+       RawFile("{\"w\":" + entry("BF16", "[" + ones + "-1]", 0, 16) + "}", data16),
+       ",1,1... has a dimension", "w"},
       {"duplicate tensor",
        RawFile("{\"w\":" + entry("BF16", "[2,4]", 0, 16) +
                    ",\"w\":" + entry("BF16", "[2,4]", 0, 16) + "}",

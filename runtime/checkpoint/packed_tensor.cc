@@ -9,6 +9,7 @@
 #include "gemvz/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/hash.h"
+#include "runtime/common/json_check.h"
 #include "runtime/common/status_macros.h"
 
 namespace gemvz::internal {
@@ -106,6 +107,11 @@ std::string EncodePackedTensorMeta(const PackedTensorMeta& m) {
 }
 
 absl::StatusOr<PackedTensorMeta> DecodePackedTensorMeta(const std::string& text) {
+  if (absl::Status st = CheckJsonText(text, kMaxJsonDepth, /*refuse_duplicate_keys=*/false);
+      !st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed-tensor metadata is not valid JSON: ", st.message()));
+  }
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError("packed-tensor metadata is not a JSON object");

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/file_util.h"
+#include "runtime/common/json_check.h"
 #include "runtime/common/status_macros.h"
 
 namespace gemvz::internal {
@@ -157,31 +158,24 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   if (map == MAP_FAILED) return ErrnoStatus(absl::StrCat("cannot map ", where));
   f->base_ = static_cast<const uint8_t*>(map);
 
-  // The JSON header. Duplicate keys would be resolved silently by the parser (last one wins), so
-  // a callback tracks the keys of every open object and flags repeats.
+  // The JSON header. First checked without building it (json_check.h): nesting, and no repeated
+  // key, which the parser would resolve silently (last one wins). A NUL would end the parser's
+  // input early, hiding whatever follows it.
   const char* hb = reinterpret_cast<const char*>(f->base_ + 8);
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  Json::parser_callback_t track = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) {
-      open_objects.emplace_back();
-    } else if (event == Json::parse_event_t::object_end) {
-      if (!open_objects.empty()) open_objects.pop_back();
-    } else if (event == Json::parse_event_t::key && !open_objects.empty() && parsed.is_string()) {
-      if (!open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-        duplicate = parsed.get<std::string>();
-      }
-    }
-    return true;
-  };
+  if (std::memchr(hb, '\0', header_len) != nullptr) {
+    return fail(absl::StrCat("header holds a NUL byte at offset ",
+                             static_cast<const char*>(std::memchr(hb, '\0', header_len)) - hb));
+  }
+  if (absl::Status st = CheckJsonText(std::string_view(hb, header_len), kMaxJsonDepth,
+                                      /*refuse_duplicate_keys=*/true);
+      !st.ok()) {
+    return fail(absl::StrCat("header is not valid JSON: ", st.message()));
+  }
   Json header;
   try {
-    header = Json::parse(hb, hb + header_len, track, /*allow_exceptions=*/true);
+    header = Json::parse(hb, hb + header_len, nullptr, /*allow_exceptions=*/true);
   } catch (const Json::exception& e) {
     return fail(absl::StrCat("header is not valid JSON: ", e.what()));
-  }
-  if (!duplicate.empty()) {
-    return fail(absl::StrCat("header repeats the key '", duplicate, "'"));
   }
   if (!header.is_object()) return fail("header is not a JSON object");
 
@@ -212,7 +206,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       uint64_t dim;
       if (!GetUnsigned(d, &dim) ||
           dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return tensor_fail(name, absl::StrCat("shape ", shape->dump(),
+        std::string text = shape->dump();  // nesting is bounded (CheckJsonText); length is not
+        if (text.size() > 200) text = absl::StrCat(text.substr(0, 200), "...");
+        return tensor_fail(name, absl::StrCat("shape ", text,
                                               " has a dimension that is "
                                               "not a non-negative integer"));
       }

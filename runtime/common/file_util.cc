@@ -124,12 +124,15 @@ bool SameFile(const std::string& a, const std::string& b) {
   return la == lb;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("cannot open", path);
+namespace {
+
+// Reads what is left of `fd` (closing it), refusing more than `max_bytes` (negative: no limit).
+absl::StatusOr<std::string> ReadAll(int fd, const std::string& path, int64_t max_bytes) {
   std::string out;
   struct stat st;
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  if (::fstat(fd, &st) == 0 && st.st_size > 0 && (max_bytes < 0 || st.st_size <= max_bytes)) {
+    out.reserve(static_cast<size_t>(st.st_size));
+  }
   char buf[1 << 16];
   while (true) {
     const ssize_t n = ::read(fd, buf, sizeof(buf));
@@ -141,9 +144,44 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
+    if (max_bytes >= 0 && static_cast<int64_t>(out.size()) > max_bytes) {
+      ::close(fd);
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", path, "' holds more than ", max_bytes, " bytes, the most it may"));
+    }
   }
   ::close(fd);
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("cannot open", path);
+  return ReadAll(fd, path, -1);
+}
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ErrnoError("cannot open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    absl::Status s = ErrnoError("cannot stat", path);
+    ::close(fd);
+    return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat("'", path, "' is not a regular file"));
+  }
+  if (st.st_size > max_bytes) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", path, "' is ", st.st_size, " bytes, more than the ", max_bytes, " it may hold"));
+  }
+  return ReadAll(fd, path, max_bytes);
 }
 
 std::string SiblingPath(const std::string& path, std::string_view kind, std::string_view unique) {

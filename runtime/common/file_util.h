@@ -13,7 +13,14 @@
 
 namespace gemvz::internal {
 
+// The whole of `path` (a regular file, a pipe, a device: whatever the caller named).
 absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// The same for files that gemvz itself keeps (cache entries, the tuning file), where anything
+// else found at the path must not hang or exhaust the reader: FailedPrecondition without
+// blocking for what is not a regular file (a FIFO, a device, a directory) and for one of more
+// than `max_bytes`; NotFound when there is nothing.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes);
 
 // Publishes `data` under `path` atomically: temporary file in the same directory (unique per
 // process and thread), write, fsync, rename, fsync of the directory. On any failure the

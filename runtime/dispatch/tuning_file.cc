@@ -22,6 +22,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/common/env.h"
 #include "runtime/common/file_util.h"
+#include "runtime/common/json_check.h"
 #include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/dispatch/dispatcher.h"
@@ -96,6 +97,12 @@ std::string ChoiceName(const TunedChoice& c) {
 // must not overwrite). Messages are completed with the path by the callers.
 absl::StatusOr<std::vector<TunedChoice>> ParseTuningJson(const std::string& text) {
   if (absl::StripAsciiWhitespace(text).empty()) return std::vector<TunedChoice>{};
+  // Nesting first, without a DOM: ordered_json copies a deeply nested value recursively.
+  if (absl::Status st =
+          internal::CheckJsonText(text, internal::kMaxJsonDepth, /*refuse_duplicate_keys=*/false);
+      !st.ok()) {
+    return absl::DataLossError(absl::StrCat("not valid JSON (", st.message(), ")"));
+  }
   Json doc;
   try {
     doc = Json::parse(text);
@@ -193,7 +200,9 @@ std::string SerializeTuningJson(const std::vector<TunedChoice>& choices) {
 
 // Reads and parses `path`; a missing file is empty. Errors name the file.
 absl::StatusOr<std::vector<TunedChoice>> ReadTuningFile(const std::string& path) {
-  absl::StatusOr<std::string> text = internal::ReadFile(path);
+  // A FIFO or a device at the path must not hang a serving process, nor a huge file exhaust it.
+  constexpr int64_t kMaxTuningFileBytes = int64_t{64} << 20;  // some 400 000 entries
+  absl::StatusOr<std::string> text = internal::ReadRegularFile(path, kMaxTuningFileBytes);
   if (!text.ok()) {
     if (absl::IsNotFound(text.status())) return std::vector<TunedChoice>{};
     return absl::Status(text.status().code(),

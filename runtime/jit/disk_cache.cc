@@ -32,6 +32,9 @@ namespace {
 constexpr char kMagic[8] = {'G', 'E', 'M', 'V', 'Z', 'J', 'I', 'T'};
 constexpr size_t kHeaderBytes = 24;
 constexpr char kEntrySuffix[] = ".gemvzk";
+// The largest entry a reader takes (a cubin with its PTX is a few MB); anything else found under
+// an entry's name (a FIFO, a link to a device, a huge file) is a bad entry, never a hang.
+constexpr int64_t kMaxEntryBytes = int64_t{256} << 20;
 constexpr char kLockSuffix[] = ".lock";
 // Temporary files and lock files younger than this may belong to a live writer.
 constexpr int64_t kStaleTempSeconds = 3600;
@@ -292,7 +295,7 @@ bool DiskCache::read_only() const {
 DiskCache::Lookup DiskCache::Read(const std::string& key, CompiledKernel* out, std::string* reason,
                                   bool remove_bad) {
   const std::string path = EntryPath(key);
-  absl::StatusOr<std::string> bytes = ReadFile(path);
+  absl::StatusOr<std::string> bytes = ReadRegularFile(path, kMaxEntryBytes);
   if (!bytes.ok()) {
     if (absl::IsNotFound(bytes.status())) return Lookup::kMissing;
     // Unreadable (permissions, I/O error): not a cache we can use for this key. Said once when
@@ -414,7 +417,7 @@ std::unique_ptr<DiskCache::KeyLock> DiskCache::LockKey(const std::string& key,
 
 absl::StatusOr<CompiledKernel> ReadEntryFile(const std::string& path, std::string_view expected_key,
                                              DiskEntryMeta* meta) {
-  ASSIGN_OR_RETURN(const std::string bytes, ReadFile(path));
+  ASSIGN_OR_RETURN(const std::string bytes, ReadRegularFile(path, kMaxEntryBytes));
   return ParseEntry(bytes, expected_key, meta);
 }
 
@@ -429,7 +432,17 @@ absl::StatusOr<std::vector<DiskEntryInfo>> DiskCache::List(bool verify) const {
     info.key = key;
     info.path = absl::StrCat(kernels_dir_, "/", name);
     struct stat st;
-    if (::stat(info.path.c_str(), &st) != 0) continue;  // pruned meanwhile
+    if (::stat(info.path.c_str(), &st) != 0) {
+      const int err = errno;
+      struct stat link;
+      if (::lstat(info.path.c_str(), &link) != 0) continue;  // pruned meanwhile
+      // A link to nothing, or a loop: listed as bad, so that verify names it and clear removes it.
+      info.last_used_unix_ns = MtimeNs(link);
+      info.status =
+          absl::DataLossError(absl::StrCat("a link that leads nowhere (", std::strerror(err), ")"));
+      out.push_back(std::move(info));
+      continue;
+    }
     info.size_bytes = st.st_size;
     info.last_used_unix_ns = MtimeNs(st);
     if (!IsHexKey(key)) {
@@ -491,13 +504,17 @@ absl::StatusOr<PruneResult> DiskCache::Prune(int64_t max_bytes, std::string_view
 absl::StatusOr<int> DiskCache::Clear() {
   absl::StatusOr<std::vector<DiskEntryInfo>> entries = List(/*verify=*/false);
   if (!entries.ok()) return entries.status();
-  int removed = 0;
+  // Every entry is tried: one that cannot be removed (a directory under an entry's name, no
+  // permission) does not stop the rest; the first such is named at the end.
+  int removed = 0, failed = 0;
+  std::string first_failure;
   for (const DiskEntryInfo& e : *entries) {
     if (::unlink(e.path.c_str()) == 0) {
       ++removed;
     } else if (errno != ENOENT) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("cannot remove '", e.path, "': ", std::strerror(errno)));
+      if (failed++ == 0) {
+        first_failure = absl::StrCat("'", e.path, "': ", std::strerror(errno));
+      }
     }
   }
   SweepFiles({&kernels_dir_, &locks_dir_}, [](const std::string*, const std::string& name,
@@ -505,6 +522,11 @@ absl::StatusOr<int> DiskCache::Clear() {
     // A young temporary file may be a live writer's; leave it to finish its rename.
     return name.find(".tmp.") == std::string::npos || age > kStaleLockSeconds;
   });
+  if (failed > 0) {
+    return absl::PermissionDeniedError(absl::StrCat("removed ", removed,
+                                                    " entries but could not remove ", failed,
+                                                    ", the first ", first_failure));
+  }
   return removed;
 }
 

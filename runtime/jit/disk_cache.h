@@ -107,7 +107,8 @@ class DiskCache {
   // Removes least recently used entries until the total is at most `max_bytes`, never `keep_key`;
   // also sweeps stale temporary and lock files left by crashed writers.
   absl::StatusOr<PruneResult> Prune(int64_t max_bytes, std::string_view keep_key = "");
-  // Removes every entry (and lock and stale temporary files). Returns how many entries went.
+  // Removes every entry (and lock and stale temporary files). Returns how many entries went; one
+  // that cannot be removed does not stop the rest, and PermissionDenied then names the first.
   absl::StatusOr<int> Clear();
 
  private:
