@@ -483,7 +483,7 @@ TEST_F(CliTest, TuneSpaceFileSkipsBadLinesAndInvalidConfigurations) {
   {
     std::ofstream space(dir_ + "/space.txt");
     space << "# configurations to try\n"
-          << "z12.nw8.ug2.nb1.pipe3.s1\n"
+          << "z12.nw8.ug2.nb1.pipe3.s1   # a comment after a configuration, as in --configs\n"
           << "not-a-config\n"
           << "\n"
           << "z12.nw8.ug2.nb1.pipe3.s16\n";
@@ -494,8 +494,9 @@ TEST_F(CliTest, TuneSpaceFileSkipsBadLinesAndInvalidConfigurations) {
                         "--rotate_mb=256", "--top=0"});
   EXPECT_FALSE(absl::StrContains(r.err, "bad --top")) << r.err;
   EXPECT_CONTAINS(r.err, "space.txt:3: skipped");
-  // The '#' line is a comment: neither parsed nor reported.
+  // The '#' line and the '#' after a configuration are comments: neither parsed nor reported.
   EXPECT_FALSE(absl::StrContains(r.err, "space.txt:1:")) << r.err;
+  EXPECT_FALSE(absl::StrContains(r.err, "space.txt:2:")) << r.err;
   EXPECT_CONTAINS(r.out, "skipped: configuration z12.nw8.ug2.nb1.pipe3.s16");
   if (!HasGpu()) {
     EXPECT_EQ(r.rc, 1) << r.err;

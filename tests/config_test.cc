@@ -215,6 +215,16 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.text;
     EXPECT_CONTAINS(Msg(parsed.status()), c.message) << "text '" << c.text << "'";
   }
+  // What a message quotes is cut and escaped: a 4 MB line is not echoed whole, and a NUL (which
+  // would end the message where it is printed) shows as \x00.
+  const std::string huge = "z12." + std::string(4 << 20, 'x');
+  const std::string long_message(Msg(KernelConfig::Parse(huge).status()));
+  EXPECT_LT(long_message.size(), 400u);
+  EXPECT_CONTAINS(long_message, "bad configuration 'z12.xxxx");
+  EXPECT_CONTAINS(long_message, "xxx...': field 'xxxx");
+  const std::string nul_message(
+      Msg(KernelConfig::Parse(std::string("z12.nw8\0.ug2", 12)).status()));
+  EXPECT_CONTAINS(nul_message, "bad configuration 'z12.nw8\\x00.ug2'");
 }
 
 TEST(ConfigTest, SplitsDefaultToOne) {

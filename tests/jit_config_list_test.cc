@@ -24,6 +24,15 @@ TEST(ConfigListTest, ParsesLinesCommentsAndBlanks) {
   EXPECT_EQ(*got, want);
 }
 
+// warm-up's --configs and tune's --space read lines alike: '#' starts a comment anywhere.
+TEST(ConfigListTest, OneLineRuleForEveryList) {
+  EXPECT_EQ(ConfigLineText("  z12.nw8.ug2.nb1.pipe3.s1   # the 8b qkv kernel"),
+            "z12.nw8.ug2.nb1.pipe3.s1");
+  EXPECT_EQ(ConfigLineText("z12.nw8.ug2.nb1.pipe3\r"), "z12.nw8.ug2.nb1.pipe3");
+  EXPECT_EQ(ConfigLineText("   # all comment"), "");
+  EXPECT_EQ(ConfigLineText(" \t "), "");
+}
+
 TEST(ConfigListTest, ErrorsNameFileAndLine) {
   const int bad_line = 3 + static_cast<int>(jit_test::Rng()() % 5);
   std::string text;

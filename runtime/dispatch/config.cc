@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -78,10 +79,23 @@ int64_t KernelConfig::shared_bytes() const {
   return bytes + 4;  // s_last
 }
 
+namespace {
+
+// `s` as an error message quotes it: at most `max` bytes, control bytes and quotes escaped.
+std::string Shown(absl::string_view s, size_t max) {
+  if (s.size() <= max) return absl::CHexEscape(s);
+  return absl::StrCat(absl::CHexEscape(s.substr(0, max)), "...");
+}
+
+}  // namespace
+
 absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
   // Debian's Abseil has its own string_view; the public API speaks std::string_view.
-  const absl::string_view text(text_in.data(), text_in.size());
-  const std::vector<absl::string_view> parts = absl::StrSplit(text, '.');
+  const absl::string_view raw(text_in.data(), text_in.size());
+  // What messages quote: control bytes escaped (a NUL would end the message where it is printed),
+  // a long line or field cut (a 4 MB line of a --configs file is not echoed whole).
+  const std::string text = Shown(raw, 120);
+  const std::vector<absl::string_view> parts = absl::StrSplit(raw, '.');
   KernelConfig c;
   if (parts.empty() || (parts[0] != "z12" && parts[0] != "bf16")) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -116,13 +130,13 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
     const FieldValue parsed = which < 0 ? FieldValue::kNotDecimal
                                         : ParseFieldValue(p.substr(kNames[which].size()), &value);
     if (parsed == FieldValue::kTooLong) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad configuration '", text, "': field '", p, "' is out of range (",
-                       kNames[which], " takes a number of at most 9 digits)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad configuration '", text, "': field '", Shown(p, 40), "' is out of range (",
+          kNames[which], " takes a number of at most 9 digits)"));
     }
     if (parsed != FieldValue::kOk) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "bad configuration '", text, "': field '", p,
+          "bad configuration '", text, "': field '", Shown(p, 40),
           "' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, gm, s<N>",
           which < 0 ? "" : absl::StrCat(" (", kNames[which], " takes a decimal number)")));
     }

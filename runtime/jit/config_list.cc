@@ -7,6 +7,15 @@
 
 namespace gemvz::internal {
 
+std::string_view ConfigLineText(std::string_view line_in) {
+  absl::string_view line(line_in.data(), line_in.size());
+  if (const size_t hash = line.find('#'); hash != absl::string_view::npos) {
+    line = line.substr(0, hash);
+  }
+  line = absl::StripAsciiWhitespace(line);
+  return std::string_view(line.data(), line.size());
+}
+
 absl::StatusOr<std::vector<KernelConfig>> ParseConfigList(std::string_view text,
                                                           std::string_view source_name) {
   std::vector<KernelConfig> out;
@@ -14,12 +23,8 @@ absl::StatusOr<std::vector<KernelConfig>> ParseConfigList(std::string_view text,
   const std::string all(text);
   for (absl::string_view line : absl::StrSplit(all, '\n')) {
     ++line_number;
-    if (const size_t hash = line.find('#'); hash != absl::string_view::npos) {
-      line = line.substr(0, hash);
-    }
-    line = absl::StripAsciiWhitespace(line);
-    if (line.empty()) continue;
-    const std::string entry(line);
+    const std::string entry(ConfigLineText(std::string_view(line.data(), line.size())));
+    if (entry.empty()) continue;
     absl::StatusOr<KernelConfig> c = KernelConfig::Parse(entry);
     if (!c.ok()) {
       return absl::InvalidArgumentError(

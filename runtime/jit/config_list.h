@@ -11,6 +11,11 @@
 
 namespace gemvz::internal {
 
+// A line of a configuration list without its comment ('#' to the end) and surrounding
+// whitespace; empty for a blank or comment line. The rule of warm-up's --configs and tune's
+// --space.
+std::string_view ConfigLineText(std::string_view line);
+
 // Parses `text`; `source_name` (a path, or "<stdin>") prefixes error messages as "name:line: ".
 absl::StatusOr<std::vector<KernelConfig>> ParseConfigList(std::string_view text,
                                                           std::string_view source_name);

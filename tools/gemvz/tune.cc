@@ -25,6 +25,7 @@
 #include "runtime/common/file_util.h"
 #include "runtime/dispatch/dispatcher.h"
 #include "runtime/gemv/device_state.h"
+#include "runtime/jit/config_list.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tools/gemvz/bench_flags.h"
 #include "tools/gemvz/bench_gpu.h"
@@ -157,9 +158,9 @@ absl::StatusOr<std::vector<KernelConfig>> ReadSpaceFile(const std::string& path)
   int number = 0;
   for (absl::string_view line : absl::StrSplit(*content, '\n')) {
     ++number;
-    absl::string_view text = absl::StripAsciiWhitespace(line);
-    if (text.empty() || text[0] == '#') continue;
-    absl::StatusOr<KernelConfig> config = KernelConfig::Parse(std::string(text));
+    const std::string text(internal::ConfigLineText(std::string_view(line.data(), line.size())));
+    if (text.empty()) continue;
+    absl::StatusOr<KernelConfig> config = KernelConfig::Parse(text);
     if (!config.ok()) {
       std::fprintf(stderr, "gemvz tune: %s:%d: skipped: %s\n", path.c_str(), number,
                    std::string(config.status().message()).c_str());
