@@ -13,7 +13,8 @@ echo "== sanitizer build of the file readers' tests" >&2
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGEMVZ_BUILD_TOOLS=OFF \
   "-DCMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
   >/dev/null
-cmake --build build-asan -j"$jobs" --target serialize_test safetensors_test checkpoint_test
+cmake --build build-asan -j"$jobs" --target serialize_test safetensors_test checkpoint_test \
+  json_check_test file_util_test disk_cache_test
 ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900 -E "_NOT_BUILT$"
 
 echo "== the whole suite" >&2
