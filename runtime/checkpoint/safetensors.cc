@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/common/file_util.h"
 #include "runtime/common/json_check.h"
+#include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 
 namespace gemvz::internal {
@@ -162,9 +163,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   // key, which the parser would resolve silently (last one wins). A NUL would end the parser's
   // input early, hiding whatever follows it.
   const char* hb = reinterpret_cast<const char*>(f->base_ + 8);
-  if (std::memchr(hb, '\0', header_len) != nullptr) {
-    return fail(absl::StrCat("header holds a NUL byte at offset ",
-                             static_cast<const char*>(std::memchr(hb, '\0', header_len)) - hb));
+  if (const void* nul = std::memchr(hb, '\0', header_len); nul != nullptr) {
+    return fail(
+        absl::StrCat("header holds a NUL byte at offset ", static_cast<const char*>(nul) - hb));
   }
   if (absl::Status st = CheckJsonText(std::string_view(hb, header_len), kMaxJsonDepth,
                                       /*refuse_duplicate_keys=*/true);
@@ -206,9 +207,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       uint64_t dim;
       if (!GetUnsigned(d, &dim) ||
           dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        std::string text = shape->dump();  // nesting is bounded (CheckJsonText); length is not
-        if (text.size() > 200) text = absl::StrCat(text.substr(0, 200), "...");
-        return tensor_fail(name, absl::StrCat("shape ", text,
+        // Nesting is bounded (CheckJsonText); length is not.
+        return tensor_fail(name, absl::StrCat("shape ", Excerpt(shape->dump(), 200),
                                               " has a dimension that is "
                                               "not a non-negative integer"));
       }

@@ -126,13 +126,12 @@ bool SameFile(const std::string& a, const std::string& b) {
 
 namespace {
 
-// Reads what is left of `fd` (closing it), refusing more than `max_bytes` (negative: no limit).
-absl::StatusOr<std::string> ReadAll(int fd, const std::string& path, int64_t max_bytes) {
+// Reads what is left of `fd` (closing it), refusing more than `max_bytes` (negative: no limit);
+// `expected` (the size fstat gave, if any) is reserved up front.
+absl::StatusOr<std::string> ReadAll(int fd, const std::string& path, int64_t max_bytes,
+                                    int64_t expected) {
   std::string out;
-  struct stat st;
-  if (::fstat(fd, &st) == 0 && st.st_size > 0 && (max_bytes < 0 || st.st_size <= max_bytes)) {
-    out.reserve(static_cast<size_t>(st.st_size));
-  }
+  if (expected > 0) out.reserve(static_cast<size_t>(expected));
   char buf[1 << 16];
   while (true) {
     const ssize_t n = ::read(fd, buf, sizeof(buf));
@@ -159,7 +158,8 @@ absl::StatusOr<std::string> ReadAll(int fd, const std::string& path, int64_t max
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open", path);
-  return ReadAll(fd, path, -1);
+  struct stat st;
+  return ReadAll(fd, path, -1, ::fstat(fd, &st) == 0 ? st.st_size : 0);
 }
 
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
@@ -181,7 +181,7 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
     return absl::FailedPreconditionError(absl::StrCat(
         "'", path, "' is ", st.st_size, " bytes, more than the ", max_bytes, " it may hold"));
   }
-  return ReadAll(fd, path, max_bytes);
+  return ReadAll(fd, path, max_bytes, st.st_size);
 }
 
 std::string SiblingPath(const std::string& path, std::string_view kind, std::string_view unique) {

@@ -7,16 +7,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/log.h"
 
 namespace gemvz::internal {
 namespace {
 
 using Json = nlohmann::json;
 
-std::string Cut(const std::string& s) {
-  constexpr size_t kMax = 200;
-  return s.size() <= kMax ? s : absl::StrCat(s.substr(0, kMax), "...");
-}
+// What a fault quotes of a key or of the parser's message (which repeats the text it read).
+std::string Cut(std::string_view s) { return Excerpt(s, 200); }
 
 // Counts the nesting and, where asked, the keys of every open object; stops at the first fault.
 class Checker : public nlohmann::json_sax<Json> {

@@ -12,6 +12,11 @@
 
 namespace gemvz::internal {
 
+std::string Excerpt(std::string_view s, size_t max) {
+  if (s.size() <= max) return std::string(s);
+  return std::string(s.substr(0, max)) + "...";
+}
+
 int LogVerbosity() {
   static const int level = [] {
     const char* v = std::getenv("GEMVZ_LOG");

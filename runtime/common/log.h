@@ -2,7 +2,9 @@
 // ABSL_LOG, and the library must stay quiet unless asked.
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/str_format.h"
 
@@ -13,6 +15,10 @@ enum class LogLevel { kWarning = 0, kInfo = 1, kDebug = 2 };
 // The level from GEMVZ_LOG, read once.
 int LogVerbosity();
 void LogLine(LogLevel level, const std::string& message);
+
+// What a message quotes of `s`, which may be as long as the file it came from: at most `max`
+// bytes, "..." after a cut.
+std::string Excerpt(std::string_view s, size_t max);
 
 template <typename... Args>
 void Log(LogLevel level, const absl::FormatSpec<Args...>& format, const Args&... args) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "runtime/common/log.h"
 #include "runtime/dispatch/dispatcher.h"
 
 namespace gemvz {
@@ -81,10 +82,9 @@ int64_t KernelConfig::shared_bytes() const {
 
 namespace {
 
-// `s` as an error message quotes it: at most `max` bytes, control bytes and quotes escaped.
+// `s` as an error message quotes it: an excerpt, control bytes and quotes escaped.
 std::string Shown(absl::string_view s, size_t max) {
-  if (s.size() <= max) return absl::CHexEscape(s);
-  return absl::StrCat(absl::CHexEscape(s.substr(0, max)), "...");
+  return absl::CHexEscape(internal::Excerpt(std::string_view(s.data(), s.size()), max));
 }
 
 }  // namespace
@@ -92,14 +92,14 @@ std::string Shown(absl::string_view s, size_t max) {
 absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
   // Debian's Abseil has its own string_view; the public API speaks std::string_view.
   const absl::string_view raw(text_in.data(), text_in.size());
-  // What messages quote: control bytes escaped (a NUL would end the message where it is printed),
-  // a long line or field cut (a 4 MB line of a --configs file is not echoed whole).
-  const std::string text = Shown(raw, 120);
+  // What messages quote (made only for a message): control bytes escaped (a NUL would end the
+  // message where it is printed), a long line or field cut (a 4 MB --configs line is not echoed).
+  const auto text = [raw] { return Shown(raw, 120); };
   const std::vector<absl::string_view> parts = absl::StrSplit(raw, '.');
   KernelConfig c;
   if (parts.empty() || (parts[0] != "z12" && parts[0] != "bf16")) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "bad configuration '", text, "': it must start with the format, z12 or bf16 (e.g. ",
+        "bad configuration '", text(), "': it must start with the format, z12 or bf16 (e.g. ",
         "z12.nw8.ug2.nb2.pipe3.s1)"));
   }
   c.format = parts[0] == "z12" ? WeightFormat::kZ12 : WeightFormat::kBf16;
@@ -112,7 +112,7 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
     if (p == "gm") {  // the group-major order: a flag, not a number
       if (seen_gm) {
         return absl::InvalidArgumentError(
-            absl::StrCat("bad configuration '", text, "': field gm given twice"));
+            absl::StrCat("bad configuration '", text(), "': field gm given twice"));
       }
       seen_gm = true;
       c.order = WeightOrder::kGroupMajor;
@@ -131,18 +131,18 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
                                         : ParseFieldValue(p.substr(kNames[which].size()), &value);
     if (parsed == FieldValue::kTooLong) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "bad configuration '", text, "': field '", Shown(p, 40), "' is out of range (",
+          "bad configuration '", text(), "': field '", Shown(p, 40), "' is out of range (",
           kNames[which], " takes a number of at most 9 digits)"));
     }
     if (parsed != FieldValue::kOk) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "bad configuration '", text, "': field '", Shown(p, 40),
+          "bad configuration '", text(), "': field '", Shown(p, 40),
           "' is not one of nw<N>, ug<N>, nb<N>, pipe<N>, rb<N>, gm, s<N>",
           which < 0 ? "" : absl::StrCat(" (", kNames[which], " takes a decimal number)")));
     }
     if (seen[which]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("bad configuration '", text, "': field ", kNames[which], " given twice"));
+          absl::StrCat("bad configuration '", text(), "': field ", kNames[which], " given twice"));
     }
     seen[which] = true;
     *fields[which] = value;
@@ -150,7 +150,7 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
   for (int f = 0; f < 4; ++f) {
     if (!seen[f]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("bad configuration '", text, "': missing field ", kNames[f], "<N>"));
+          absl::StrCat("bad configuration '", text(), "': missing field ", kNames[f], "<N>"));
     }
   }
   if (!seen[4]) c.splits = 1;  // s defaults to 1 (and rb to 1, KernelConfig's default)

@@ -136,6 +136,11 @@ absl::Status CheckOrder(const KernelConfig& c, const DeviceMatrixState& s, const
 
 int64_t Rows16(const DeviceMatrixState& s) { return (s.rows + 15) / 16 * 16; }
 int64_t Cols64(const DeviceMatrixState& s) { return (s.cols + 63) / 64 * 64; }
+// The plain path with K not a multiple of 64 copies x into a zero-padded [m, K64] buffer; every
+// other path reads the caller's x in place, 16 bytes at a time.
+bool CopiesX(const DeviceMatrixState& s) {
+  return s.format == WeightFormat::kBf16 && Cols64(s) != s.cols;
+}
 
 }  // namespace
 }  // namespace internal
@@ -277,7 +282,7 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
   // Plain BF16 with K not a multiple of 64: x is copied into a zero-padded [m, K64] buffer.
   const uint16_t* xk = x;
   int64_t ldx = s.cols;
-  if (s.format == WeightFormat::kBf16 && k64 != s.cols) {
+  if (CopiesX(s)) {
     RETURN_IF_ERROR(Ensure(ws->xpad, ws->xpad_bytes, static_cast<size_t>(m * k64 * 2), false,
                            capturing, stream, &ws->retired));
     CU_RETURN_IF_ERROR(cuMemsetD8Async(ws->xpad, 0, static_cast<size_t>(m * k64 * 2), stream));
@@ -399,10 +404,10 @@ absl::Status GemvAny(const DeviceMatrix& w, const uint16_t* x, int64_t m, void* 
   }
   if (!w.valid()) return absl::InvalidArgumentError("Gemv: the DeviceMatrix is empty");
   // A misaligned pointer would fault inside the kernel, and the fault would spoil the context for
-  // every later call: refuse it here. The kernels load x 16 bytes at a time (all but the plain
-  // path with K not a multiple of 64, which copies x first) and store out element by element.
+  // every later call: refuse it here. The kernels load x 16 bytes at a time (where they read it
+  // in place) and store out element by element.
   const uintptr_t x_at = reinterpret_cast<uintptr_t>(x);
-  const bool x_read_in_place = w.format() == WeightFormat::kZ12 || w.cols() % 64 == 0;
+  const bool x_read_in_place = !internal::CopiesX(*w.state());
   const uintptr_t x_align = x_read_in_place ? 16 : 2;
   if (x_at % x_align != 0) {
     return absl::InvalidArgumentError(
