@@ -3,7 +3,10 @@
 // concurrent streams and every error path. Skips cleanly without a GPU.
 #include "gemvz/gemv.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -1263,6 +1266,104 @@ TEST(Gemv, TwoStreamsAtOnce) {
   api.cuStreamDestroy(s1);
 }
 
+// A stream whose queue is full behind unfinished work blocks the thread that launches into it,
+// inside cuLaunchKernel. That thread must not hold up GEMVs on other streams: each stream's
+// workspace has its own lock (a process-wide one, held across the launches, stalled every
+// stream's calls on every device behind the one slow stream).
+void WaitForGate(void* gate) { static_cast<absl::Notification*>(gate)->WaitForNotification(); }
+
+TEST(Gemv, AThreadBlockedOnAFullStreamDoesNotStallOtherStreams) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  // cuLaunchHostFunc is not in the library's driver table (the library never needs it).
+  void* libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(libcuda, nullptr) << "libcuda.so.1 is not loaded: " << dlerror();
+  using LaunchHostFunc = CUresult (*)(CUstream, CUhostFn, void*);
+  const auto launch_host_func =
+      reinterpret_cast<LaunchHostFunc>(dlsym(libcuda, "cuLaunchHostFunc"));
+  ASSERT_NE(launch_host_func, nullptr) << dlerror();
+
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 1024, k = 1024, m = 1;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  auto x = testing::RandomActivations(m, k, seed);
+  DeviceBuffer dx(m * k * 2), dout_a(m * n * 2), dout_b(m * n * 2);
+  dx.Upload(x.data(), x.size() * 2);
+  dout_b.Fill16(kPoison);
+  CUstream a, b;
+  ASSERT_EQ(api.cuStreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  // Split-K, so that every call takes its stream's workspace.
+  const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 1, 1, 2, 2}};
+  ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout_b.as<uint16_t>(), b, opt).ok());  // compiled
+  ASSERT_EQ(api.cuStreamSynchronize(b), CUDA_SUCCESS);
+  dout_b.Fill16(kPoison);
+
+  // No ASSERT from here until the gate opens: the stream's host function waits for it.
+  absl::Notification gate;
+  const CUresult held = launch_host_func(a, WaitForGate, &gate);
+  constexpr int64_t kMaxCalls = 200000;
+  std::atomic<int64_t> queued{0};
+  absl::Status st_a;
+  std::thread filler([&] {
+    for (int64_t i = 0; i < kMaxCalls && st_a.ok(); ++i) {
+      st_a = Gemv(p.dm, dx.as<uint16_t>(), m, dout_a.as<uint16_t>(), a, opt);
+      queued.fetch_add(1);
+    }
+  });
+  // The filler is blocked once its count has not moved for half a second.
+  int64_t last = -1;
+  auto moved_at = std::chrono::steady_clock::now();
+  while (held == CUDA_SUCCESS && st_a.ok() && queued.load() < kMaxCalls) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const int64_t now_queued = queued.load();
+    const auto now = std::chrono::steady_clock::now();
+    if (now_queued != last) {
+      last = now_queued;
+      moved_at = now;
+    } else if (now - moved_at > std::chrono::milliseconds(500)) {
+      break;
+    }
+  }
+  const int64_t stalled_at = queued.load();
+  absl::Status st_b;
+  absl::Notification b_done;
+  std::thread other([&] {
+    st_b = Gemv(p.dm, dx.as<uint16_t>(), m, dout_b.as<uint16_t>(), b, opt);
+    b_done.Notify();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool b_in_time = b_done.WaitForNotificationWithTimeout(absl::Seconds(10));
+  const double b_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  gate.Notify();
+  other.join();
+  filler.join();
+
+  ASSERT_EQ(held, CUDA_SUCCESS);
+  ASSERT_TRUE(st_a.ok()) << st_a;
+  ASSERT_TRUE(st_b.ok()) << st_b;
+  ASSERT_EQ(api.cuStreamSynchronize(a), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamSynchronize(b), CUDA_SUCCESS);
+  std::vector<uint16_t> got(m * n);
+  dout_b.Download(got.data(), got.size() * 2);
+  std::vector<double> ref, abs_sum;
+  testing::ReferenceGemv(p.w, x, m, n, k, &ref, &abs_sum);
+  EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "");
+  api.cuStreamDestroy(a);
+  api.cuStreamDestroy(b);
+  if (stalled_at >= kMaxCalls) {
+    GTEST_SKIP() << kMaxCalls << " launches into the held stream never blocked: this driver's "
+                 << "queue is deeper, so no thread was stalled to test against";
+  }
+  std::printf(
+      "[ info ] the filler blocked after %lld calls; a call on another stream took "
+      "%.3f ms meanwhile\n",
+      static_cast<long long>(stalled_at), b_ms);
+  EXPECT_TRUE(b_in_time) << "a Gemv on stream b waited over 10 s for a thread blocked launching "
+                         << "into stream a (after " << stalled_at << " calls)";
+}
+
 // cudaStreamPerThread (CU_STREAM_PER_THREAD) is one handle for a different stream in every
 // thread, and those streams run concurrently: split-K calls from two threads on it must not share
 // partials and arrival counters.
@@ -1585,45 +1686,83 @@ TEST(Gemv, ForcedByEnvironment) {
 namespace gemvz {
 namespace {
 
+// A cached Gemv call and a bare cuLaunchKernel of the function it launches, on one m = 1 matrix.
+struct HostOverheadSetup {
+  int64_t n, k;
+  DeviceMatrix dm;
+  GemvPlan plan;
+  internal::LoadedKernel kernel;
+  std::unique_ptr<DeviceBuffer> dx, dout;
+  Z12Params params{};
+
+  // Empty `error` when every step worked.
+  static HostOverheadSetup Make(int64_t n, int64_t k, std::string* error) {
+    HostOverheadSetup h{n, k, {}, {}, {}, nullptr, nullptr};
+    auto w = testing::RandomMatrix(n, k, Distribution::kNormal, 3);
+    auto dm = DeviceMatrix::FromBf16(w.data(), n, k);
+    auto plan = dm.ok() ? PlanGemv(*dm, 1) : dm.status();
+    auto kernel = plan.ok() ? internal::GetKernel(0, plan->config) : plan.status();
+    if (!kernel.ok()) {
+      *error = kernel.status().ToString();
+      return h;
+    }
+    if (plan->config.splits != 1) {
+      *error =
+          "the bare launch has no split-K workspace, but the plan is " + plan->config.ToString();
+      return h;
+    }
+    h.dm = *dm;
+    h.plan = *plan;
+    h.kernel = *kernel;
+    h.dx = std::make_unique<DeviceBuffer>(k * 2);
+    h.dout = std::make_unique<DeviceBuffer>(n * 2);
+    h.dx->Fill16(0x3C00);
+    const internal::DeviceMatrixState& s = *h.dm.state();
+    Z12Params& p = h.params;
+    p.x = h.dx->as<unsigned short>();
+    p.w = reinterpret_cast<const void*>(s.weights);
+    p.row_offsets = reinterpret_cast<const unsigned*>(s.row_offsets);
+    p.entries = reinterpret_cast<const void*>(s.entries);
+    p.dense_block_offsets = reinterpret_cast<const unsigned*>(s.dense_block_offsets);
+    p.dense_rows = reinterpret_cast<const unsigned char*>(s.dense_rows);
+    p.dense_values = reinterpret_cast<const unsigned short*>(s.dense_values);
+    p.dense_global_rows = reinterpret_cast<const int*>(s.dense_global_rows);
+    p.out = h.dout->as<void>();
+    p.ldx = k;
+    p.ldo = n;
+    p.M = 1;
+    p.N = static_cast<int>(n);
+    p.K = static_cast<int>(k);
+    p.S = 1;
+    p.n_dense = static_cast<int>(s.n_dense);
+    p.tl = s.tl;
+    p.th = s.th;
+    return h;
+  }
+
+  CUresult Bare(CUstream stream) const {
+    Z12Params p = params;
+    void* args[] = {&p};
+    return (*internal::Driver())
+        ->cuLaunchKernel(kernel.function,
+                         static_cast<unsigned>(dm.state()->n_dense + n / 16 / plan.config.rb), 1, 1,
+                         plan.config.threads(), 1, 1, 0, stream, args, nullptr);
+  }
+  absl::Status Call(CUstream stream) const {
+    return Gemv(dm, dx->as<uint16_t>(), 1, dout->as<uint16_t>(), stream);
+  }
+};
+
 // DESIGN.md asks for the host cost of a cached Gemv call over a bare cuLaunchKernel of the same
 // function. This reports it (no assertion on time; a benchmark number, written to BENCHMARKS.md).
 TEST(Gemv, HostOverheadReport) {
   GEMVZ_REQUIRE_GPU();
   const auto& api = **internal::Driver();
-  const int64_t n = 4096, k = 4096, m = 1;
-  auto w = testing::RandomMatrix(n, k, Distribution::kNormal, 3);
-  auto dm = DeviceMatrix::FromBf16(w.data(), n, k);
-  ASSERT_TRUE(dm.ok()) << dm.status();
-  DeviceBuffer dx(m * k * 2), dout(m * n * 2);
-  dx.Fill16(0x3C00);
-  auto plan = PlanGemv(*dm, m);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  auto kernel = internal::GetKernel(0, plan->config);
-  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  std::string error;
+  const HostOverheadSetup h = HostOverheadSetup::Make(4096, 4096, &error);
+  ASSERT_EQ(error, "");
   CUstream stream;
   ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  const internal::DeviceMatrixState& s = *dm->state();
-  Z12Params p{};
-  p.x = dx.as<unsigned short>();
-  p.w = reinterpret_cast<const void*>(s.weights);
-  p.row_offsets = reinterpret_cast<const unsigned*>(s.row_offsets);
-  p.entries = reinterpret_cast<const void*>(s.entries);
-  p.dense_block_offsets = reinterpret_cast<const unsigned*>(s.dense_block_offsets);
-  p.dense_rows = reinterpret_cast<const unsigned char*>(s.dense_rows);
-  p.dense_values = reinterpret_cast<const unsigned short*>(s.dense_values);
-  p.dense_global_rows = reinterpret_cast<const int*>(s.dense_global_rows);
-  p.out = dout.as<void>();
-  p.ldx = k;
-  p.ldo = n;
-  p.M = static_cast<int>(m);
-  p.N = static_cast<int>(n);
-  p.K = static_cast<int>(k);
-  p.S = 1;
-  p.n_dense = static_cast<int>(s.n_dense);
-  p.tl = s.tl;
-  p.th = s.th;
-  void* args[] = {&p};
-  ASSERT_EQ(plan->config.splits, 1) << "the bare launch below has no split-K workspace";
   constexpr int kCalls = 2000;
   auto time_calls = [&](auto&& call) {
     for (int i = 0; i < 100; ++i) call();  // warm
@@ -1635,17 +1774,69 @@ TEST(Gemv, HostOverheadReport) {
     api.cuStreamSynchronize(stream);
     return us / kCalls;
   };
-  const double bare = time_calls([&] {
-    ASSERT_EQ(api.cuLaunchKernel(kernel->function, static_cast<unsigned>(s.n_dense + n / 16), 1, 1,
-                                 plan->config.threads(), 1, 1, 0, stream, args, nullptr),
-              CUDA_SUCCESS);
-  });
-  const double gemv = time_calls([&] {
-    ASSERT_TRUE(Gemv(*dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream).ok());
-  });
-  std::printf("[ info ] host time per call, %s: bare cuLaunchKernel %.2f us, Gemv %.2f us "
-              "(overhead %.2f us)\n", plan->config.ToString().c_str(), bare, gemv, gemv - bare);
+  const double bare = time_calls([&] { ASSERT_EQ(h.Bare(stream), CUDA_SUCCESS); });
+  const double gemv = time_calls([&] { ASSERT_TRUE(h.Call(stream).ok()); });
+  std::printf(
+      "[ info ] host time per call, %s: bare cuLaunchKernel %.2f us, Gemv %.2f us "
+      "(overhead %.2f us)\n",
+      h.plan.config.ToString().c_str(), bare, gemv, gemv - bare);
   api.cuStreamDestroy(stream);
+}
+
+// The same from 1, 2, 4 and 8 threads at once, each on its own stream, few enough calls that no
+// queue fills: how the host cost per call grows with threads, bare and through Gemv. Gemv's locks
+// should serialize no more than the driver's do (no assertion on time; BENCHMARKS.md).
+TEST(Gemv, HostOverheadThreadsReport) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  std::string error;
+  const HostOverheadSetup h = HostOverheadSetup::Make(1024, 4096, &error);
+  ASSERT_EQ(error, "");
+  constexpr int kCalls = 400;
+  for (int threads : {1, 2, 4, 8}) {
+    std::vector<CUstream> streams(threads);
+    for (CUstream& st : streams)
+      ASSERT_EQ(api.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    // Wall time of `threads` threads making kCalls calls each, per call and thread, in us.
+    auto time_calls = [&](auto&& call) {
+      std::atomic<bool> ok{true};
+      for (CUstream st : streams)
+        for (int i = 0; i < 50; ++i) ok = ok && call(st);  // warm: workspaces, first launches
+      for (CUstream st : streams) api.cuStreamSynchronize(st);
+      std::atomic<int> ready{0};
+      std::vector<std::thread> pool;
+      std::chrono::steady_clock::time_point t0;
+      std::atomic<bool> go{false};
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+          ready.fetch_add(1);
+          while (!go.load()) std::this_thread::yield();
+          for (int i = 0; i < kCalls; ++i) {
+            if (!call(streams[t])) ok = false;
+          }
+        });
+      }
+      while (ready.load() < threads) std::this_thread::yield();
+      t0 = std::chrono::steady_clock::now();
+      go = true;
+      for (std::thread& th : pool) th.join();
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      for (CUstream st : streams) api.cuStreamSynchronize(st);
+      EXPECT_TRUE(ok.load());
+      return us / kCalls;
+    };
+    const double bare = time_calls([&](CUstream st) { return h.Bare(st) == CUDA_SUCCESS; });
+    const double gemv = time_calls([&](CUstream st) { return h.Call(st).ok(); });
+    std::printf(
+        "[ info ] %d thread(s), %d calls each, %s: wall time per call and thread: bare "
+        "cuLaunchKernel %.2f us, Gemv %.2f us\n",
+        threads, kCalls, h.plan.config.ToString().c_str(), bare, gemv);
+    for (CUstream st : streams) {
+      ASSERT_TRUE(ReleaseGemvWorkspace(st).ok());
+      api.cuStreamDestroy(st);
+    }
+  }
 }
 
 }  // namespace

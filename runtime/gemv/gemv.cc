@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -32,8 +33,14 @@ struct RetiredBuffer {
 };
 
 // Split-K partials, semaphores and the padded-x buffer of one stream. Calls on one stream run in
-// order, so one workspace per stream is enough; distinct streams never share one.
+// order, so one workspace per stream is enough; distinct streams never share one. Each has its own
+// lock, held from growth through the launches that use it (two threads may call on one stream);
+// calls on other streams never wait for it, not even while a launch into a full queue blocks.
 struct Workspace {
+  absl::Mutex mu;
+  // Set, under mu, by ReleaseStreamWorkspace after it took the workspace out of the map: a call
+  // that fetched it before then fetches the stream's new one.
+  bool released = false;
   CUdeviceptr ws = 0;
   size_t ws_bytes = 0;
   CUdeviceptr sem = 0;  // zero between calls: the last CTA of a row block resets its counter
@@ -63,10 +70,19 @@ WorkspaceKey KeyFor(CUcontext ctx, CUstream stream) {
   return {ctx, stream, stream == CU_STREAM_PER_THREAD ? ThreadSerial() : 0};
 }
 
-absl::Mutex workspace_mu(absl::kConstInit);
-absl::flat_hash_map<WorkspaceKey, Workspace*>& Workspaces() {
-  static auto* m = new absl::flat_hash_map<WorkspaceKey, Workspace*>();
+// Guards the map only, never a workspace's use; never held while taking a Workspace::mu.
+absl::Mutex workspaces_mu(absl::kConstInit);
+absl::flat_hash_map<WorkspaceKey, std::shared_ptr<Workspace>>& Workspaces() {
+  static auto* m = new absl::flat_hash_map<WorkspaceKey, std::shared_ptr<Workspace>>();
   return *m;
+}
+
+// The stream's workspace, or null when it has none.
+std::shared_ptr<Workspace> FindWorkspace(CUcontext ctx, CUstream stream) {
+  absl::ReaderMutexLock lock(&workspaces_mu);
+  auto& map = Workspaces();
+  auto it = map.find(KeyFor(ctx, stream));
+  return it == map.end() ? nullptr : it->second;
 }
 
 // Grows `buf` to at least `bytes` (at least doubling it), retiring the old buffer into
@@ -109,16 +125,40 @@ absl::StatusOr<bool> StreamCapturing(CUstream stream) {
   return capture != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-absl::StatusOr<Workspace*> GetWorkspace(CUcontext ctx, CUstream stream) {
-  absl::MutexLock lock(&workspace_mu);
-  auto& map = Workspaces();
+// The stream's workspace, made on its first call.
+std::shared_ptr<Workspace> GetWorkspace(CUcontext ctx, CUstream stream) {
   const WorkspaceKey key = KeyFor(ctx, stream);
-  auto it = map.find(key);
-  if (it != map.end()) return it->second;
-  auto* w = new Workspace();
-  map[key] = w;
+  {
+    absl::ReaderMutexLock lock(&workspaces_mu);
+    auto it = Workspaces().find(key);
+    if (it != Workspaces().end()) return it->second;
+  }
+  absl::MutexLock lock(&workspaces_mu);
+  std::shared_ptr<Workspace>& w = Workspaces()[key];
+  if (w == nullptr) w = std::make_shared<Workspace>();
   return w;
 }
+
+// The stream's workspace, locked for as long as this lives. One released between the fetch and
+// the lock is no longer the stream's: the stream's new one is fetched.
+class LockedWorkspace {
+ public:
+  LockedWorkspace(CUcontext ctx, CUstream stream) {
+    for (;;) {
+      w_ = GetWorkspace(ctx, stream);
+      w_->mu.Lock();
+      if (!w_->released) return;
+      w_->mu.Unlock();
+    }
+  }
+  ~LockedWorkspace() { w_->mu.Unlock(); }
+  LockedWorkspace(const LockedWorkspace&) = delete;
+  LockedWorkspace& operator=(const LockedWorkspace&) = delete;
+  Workspace* get() const { return w_.get(); }
+
+ private:
+  std::shared_ptr<Workspace> w_;
+};
 
 // Pdl::kAuto: PDL only for grids that fill at least this many tenths of the resident CTA slots.
 constexpr int64_t kPdlMinFillTenths = 9;
@@ -148,23 +188,21 @@ bool CopiesX(const DeviceMatrixState& s) {
 namespace internal {
 
 int64_t StreamWorkspaceBytes(CUcontext ctx, CUstream stream) {
-  absl::MutexLock lock(&workspace_mu);
-  auto& map = Workspaces();
-  auto it = map.find(KeyFor(ctx, stream));
-  if (it == map.end()) return 0;
-  const Workspace& w = *it->second;
+  const std::shared_ptr<Workspace> found = FindWorkspace(ctx, stream);
+  if (found == nullptr) return 0;
+  absl::MutexLock lock(&found->mu);
+  const Workspace& w = *found;
   int64_t bytes = static_cast<int64_t>(w.ws_bytes + w.sem_bytes + w.xpad_bytes);
   for (const RetiredBuffer& r : w.retired) bytes += static_cast<int64_t>(r.bytes);
   return bytes;
 }
 
 std::vector<CUdeviceptr> StreamWorkspaceBuffers(CUcontext ctx, CUstream stream) {
-  absl::MutexLock lock(&workspace_mu);
   std::vector<CUdeviceptr> buffers;
-  auto& map = Workspaces();
-  auto it = map.find(KeyFor(ctx, stream));
-  if (it == map.end()) return buffers;
-  const Workspace& w = *it->second;
+  const std::shared_ptr<Workspace> found = FindWorkspace(ctx, stream);
+  if (found == nullptr) return buffers;
+  absl::MutexLock lock(&found->mu);
+  const Workspace& w = *found;
   for (const RetiredBuffer& r : w.retired) buffers.push_back(r.ptr);
   for (CUdeviceptr p : {w.ws, w.sem, w.xpad}) {
     if (p != 0) buffers.push_back(p);
@@ -173,15 +211,17 @@ std::vector<CUdeviceptr> StreamWorkspaceBuffers(CUcontext ctx, CUstream stream) 
 }
 
 void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
-  Workspace* w = nullptr;
+  std::shared_ptr<Workspace> w;
   {
-    absl::MutexLock lock(&workspace_mu);
+    absl::MutexLock lock(&workspaces_mu);
     auto& map = Workspaces();
     auto it = map.find(KeyFor(ctx, stream));
     if (it == map.end()) return;
-    w = it->second;
+    w = std::move(it->second);
     map.erase(it);
   }
+  absl::MutexLock lock(&w->mu);  // after the launches of a call that holds it
+  w->released = true;
   auto driver = Driver();
   if (driver.ok()) {
     const RelaxedCaptureMode relaxed;
@@ -190,7 +230,9 @@ void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
       if (p != 0) (*driver)->cuMemFree(p);
     }
   }
-  delete w;
+  w->retired.clear();
+  w->ws = w->sem = w->xpad = 0;
+  w->ws_bytes = w->sem_bytes = w->xpad_bytes = 0;
 }
 
 absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
@@ -270,8 +312,8 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
   ASSIGN_OR_RETURN(const bool capturing, StreamCapturing(stream));
 
   const int64_t k64 = Cols64(s);
-  ASSIGN_OR_RETURN(Workspace * ws, GetWorkspace(scope.context(), stream));
-  absl::MutexLock lock(&workspace_mu);  // growth and use of one stream's workspace, in order
+  const LockedWorkspace locked(scope.context(), stream);  // growth and use, in order
+  Workspace* const ws = locked.get();
   if (config.splits > 1) {
     const size_t ws_bytes =
         static_cast<size_t>(row_blocks) * config.splits * config.nb * 32 * 16;
