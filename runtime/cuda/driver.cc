@@ -96,6 +96,13 @@ int DeviceCount() {
 absl::StatusOr<CUcontext> PrimaryContext(int device) {
   static absl::Mutex mu(absl::kConstInit);
   static std::vector<CUcontext>* contexts = new std::vector<CUcontext>();
+  if (device >= 0) {
+    // Every Gemv enters its device's context: once retained, it is found under a shared lock.
+    absl::ReaderMutexLock lock(&mu);
+    if (static_cast<size_t>(device) < contexts->size() && (*contexts)[device] != nullptr) {
+      return (*contexts)[device];
+    }
+  }
   auto d = Driver();
   if (!d.ok()) return d.status();
   const int count = DeviceCount();

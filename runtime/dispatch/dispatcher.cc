@@ -53,9 +53,14 @@ class Dispatcher {
                                   const std::string& arch, const std::string& device,
                                   int sm_count, WeightOrder order) ABSL_LOCKS_EXCLUDED(mu_) {
     if (format != WeightFormat::kZ12) order = WeightOrder::kBlockMajor;
-    absl::MutexLock lock(&mu_);
     const PlanKey plan_key{arch,     device,   static_cast<int>(format), launch.m, launch.n,
                            launch.k, sm_count, static_cast<int>(order)};
+    {
+      // Every Gemv asks: a plan answered before is read under a shared lock.
+      absl::ReaderMutexLock lock(&mu_);
+      if (const auto it = plans_.find(plan_key); it != plans_.end()) return it->second;
+    }
+    absl::MutexLock lock(&mu_);
     if (const auto it = plans_.find(plan_key); it != plans_.end()) return it->second;
     if (!loaded_) LoadLocked();
 

@@ -28,6 +28,13 @@ DeviceMatrixState::~DeviceMatrixState() {
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
   static absl::Mutex mu(absl::kConstInit);
   static auto* cache = new std::vector<std::optional<DeviceInfo>>();
+  {
+    // Every Gemv asks: a known device's answer takes no exclusive lock and no context switch.
+    absl::ReaderMutexLock lock(&mu);
+    if (device >= 0 && static_cast<size_t>(device) < cache->size() && (*cache)[device]) {
+      return *(*cache)[device];
+    }
+  }
   ASSIGN_OR_RETURN(auto ctx, ScopedDeviceContext::Enter(device));
   absl::MutexLock lock(&mu);
   if (cache->size() <= static_cast<size_t>(device)) cache->resize(device + 1);
