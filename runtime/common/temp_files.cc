@@ -62,6 +62,10 @@ TempFileRegistration::TempFileRegistration(const std::string& path) {
       continue;
     }
     Slot& s = g_slots[i];
+    // Orders the path's stores after the slot's hand-over: a handler that reads any of them then
+    // sees the previous owner's release (seq even or moved on) and drops its copy, never a path
+    // half its own and half the last owner's (the seqlock's writer side; a TSan run found it).
+    std::atomic_thread_fence(std::memory_order_release);
     for (size_t k = 0; k < path.size(); ++k) s.path[k].store(path[k], std::memory_order_relaxed);
     s.path[path.size()].store('\0', std::memory_order_relaxed);
     s.seq.fetch_add(1, std::memory_order_release);  // now odd: published whole
