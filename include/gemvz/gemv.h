@@ -96,7 +96,8 @@ struct GemvOptions {
 // equal rows (m = 40: two of 20; more where the chosen kernel takes fewer rows, GemvPlan), each
 // reading all the weights, so beyond 32 rows a BF16 GEMM is the faster tool (docs/BENCHMARKS.md,
 // "Above m = 16"). Asynchronous; capturable in a CUDA graph. Safe to call concurrently on
-// different streams. x must be 16-byte aligned (2-byte for a plain BF16 matrix whose K is not a
+// different streams, which never wait for each other's calls: a thread blocked launching into a
+// full stream holds up only that stream's calls. x must be 16-byte aligned (2-byte for a plain BF16 matrix whose K is not a
 // multiple of 64) and out aligned to its element; cudaMalloc's pointers are. A misaligned one is
 // InvalidArgument, before anything is launched.
 absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t* out,
