@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -934,6 +935,37 @@ TEST(CheckpointTest, CommandLine) {
   EXPECT_EQ(RunTool("pack -o " + dir + "/x", &out, &err, dir), 2);
   EXPECT_EQ(RunTool("pack --help", &out, &err, dir), 0);
   EXPECT_NE(out.find("usage: gemvz pack"), std::string::npos);
+}
+
+// A tensor's name is the file's to choose: a NUL or a terminal escape in it is shown escaped in
+// pack's table (a NUL cut the row, an escape reached the terminal), and the name is kept whole in
+// the packed file and the JSON report.
+TEST(CheckpointTest, CommandLineShowsNamesEscapedAndKeepsThemWhole) {
+  if (ToolPath().empty() || ::access(ToolPath().c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "the gemvz CLI was not built";
+  }
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string name("evil\x1b[2J\0name", 13);
+  WriteAll(dir + "/in.safetensors",
+           RawFile("{\"evil\\u001b[2J\\u0000name\":{\"dtype\":\"BF16\",\"shape\":[2,4],"
+                   "\"data_offsets\":[0,16]}}",
+                   std::string(16, '\x11')));
+  std::string out, err;
+  const int rc =
+      RunTool("pack " + dir + "/in.safetensors -o " + dir + "/packed --json=" + dir + "/r.json",
+              &out, &err, dir);
+  ASSERT_EQ(rc, 0) << out << err;
+  EXPECT_NE(out.find("evil\\x1b[2J\\x00name "), std::string::npos) << absl::CHexEscape(out);
+  EXPECT_EQ(out.find_first_of(std::string("\0\x1b", 2)), std::string::npos)
+      << absl::CHexEscape(out);
+  EXPECT_EQ(err.find_first_of(std::string("\0\x1b", 2)), std::string::npos)
+      << absl::CHexEscape(err);
+  const nlohmann::json report = nlohmann::json::parse(ReadAll(dir + "/r.json"));
+  ASSERT_EQ(report.value("tensors", nlohmann::json()).size(), 1u) << report.dump();
+  EXPECT_EQ(report["tensors"][0].value("name", std::string()), name);
+  auto packed = internal::SafetensorsFile::Open(dir + "/packed/in.safetensors");
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_NE((*packed)->Find(name), nullptr);
 }
 
 // --json may not replace an input nor a packed output, however it is spelt (a link, "./",

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "gemvz/checkpoint.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -340,6 +341,16 @@ TEST(SafetensorsTest, BadFilesAreRefusedNamingFileAndTensor) {
        nullptr},
       {"metadata value not a string", RawFile("{\"__metadata__\":{\"k\":1}}", data16),
        "is not a string", nullptr},
+      // A name from the header is quoted escaped: a NUL would end the message where it is
+      // printed, a terminal escape rewrite the screen.
+      {"a NUL, an escape and a quote in a name",
+       RawFile("{\"a\\u0000z\\u001b[2J'\":" + entry("BF17", "[2,4]", 0, 16) + "}", data16),
+       "unknown dtype", "a\\x00z\\x1b[2J\\'"},
+      {"a control byte in a repeated key",
+       RawFile("{\"\\u0007\":" + entry("BF16", "[2,4]", 0, 16) +
+                   ",\"\\u0007\":" + entry("BF16", "[2,4]", 0, 16) + "}",
+               data16),
+       "repeats the key '\\x07'", nullptr},
   };
   for (const BadCase& c : cases) {
     const std::string path = dir + "/bad.safetensors";
@@ -349,6 +360,8 @@ TEST(SafetensorsTest, BadFilesAreRefusedNamingFileAndTensor) {
     const std::string msg(f.status().message());
     EXPECT_NE(msg.find(c.expected), std::string::npos) << c.name << ": " << msg;
     EXPECT_NE(msg.find(path), std::string::npos) << c.name << ": " << msg;
+    EXPECT_EQ(msg.find_first_of(std::string("\0\x07\x1b", 3)), std::string::npos)
+        << c.name << ": a control byte in " << absl::CHexEscape(msg);
     if (c.tensor != nullptr) {
       EXPECT_NE(msg.find(std::string("tensor '") + c.tensor + "'"), std::string::npos)
           << c.name << ": " << msg;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/checkpoint/packed_tensor.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 
 namespace gemvz {
@@ -88,9 +89,9 @@ absl::Status AddFile(CheckpointState& state, std::unique_ptr<SafetensorsFile> fi
   auto add = [&](TensorInfo info, CheckpointState::Location loc) -> absl::Status {
     auto [it, inserted] = state.where.emplace(info.name, loc);
     if (!inserted) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", info.name, "' appears twice: in '",
-                                                     state.files[it->second.file]->path(),
-                                                     "' and in '", f.path(), "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", internal::Escaped(info.name), "' appears twice: in '",
+                       state.files[it->second.file]->path(), "' and in '", f.path(), "'"));
     }
     state.tensors.push_back(std::move(info));
     return absl::OkStatus();
@@ -103,8 +104,9 @@ absl::Status AddFile(CheckpointState& state, std::unique_ptr<SafetensorsFile> fi
     const std::string name = key.substr(prefix.size());
     absl::StatusOr<PackedTensorMeta> meta = DecodePackedTensorMeta(value);
     if (!meta.ok()) {
-      return absl::Status(meta.status().code(), absl::StrCat(where, ", packed tensor '", name,
-                                                             "': ", meta.status().message()));
+      return absl::Status(meta.status().code(),
+                          absl::StrCat(where, ", packed tensor '", internal::Escaped(name),
+                                       "': ", meta.status().message()));
     }
     RETURN_IF_ERROR(CheckPackedParts(f, name, *meta));
     TensorInfo info;
@@ -168,7 +170,8 @@ absl::StatusOr<TensorInfo> PackedCheckpoint::Info(const std::string& name) const
   auto it = std::lower_bound(state_->tensors.begin(), state_->tensors.end(), name,
                              [](const TensorInfo& t, const std::string& n) { return t.name < n; });
   if (it == state_->tensors.end() || it->name != name) {
-    return absl::NotFoundError(absl::StrCat("no tensor '", name, "' in the checkpoint"));
+    return absl::NotFoundError(
+        absl::StrCat("no tensor '", internal::Escaped(name), "' in the checkpoint"));
   }
   return *it;
 }
@@ -177,13 +180,14 @@ absl::StatusOr<PackedMatrix> PackedCheckpoint::GetPacked(const std::string& name
   if (!state_) return absl::FailedPreconditionError("checkpoint not open");
   auto it = state_->where.find(name);
   if (it == state_->where.end()) {
-    return absl::NotFoundError(absl::StrCat("no tensor '", name, "' in the checkpoint"));
+    return absl::NotFoundError(
+        absl::StrCat("no tensor '", internal::Escaped(name), "' in the checkpoint"));
   }
   const internal::SafetensorsFile& f = *state_->files[it->second.file];
   if (!it->second.packed) {
-    return absl::FailedPreconditionError(absl::StrCat("tensor '", name, "' in '", f.path(),
-                                                      "' is not packed (", it->second.entry->dtype,
-                                                      "); read it with GetRaw or GetBf16"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", internal::Escaped(name), "' in '", f.path(), "' is not packed (",
+                     it->second.entry->dtype, "); read it with GetRaw or GetBf16"));
   }
   return internal::ReadPackedTensor(f, name, it->second.meta);
 }
@@ -192,12 +196,14 @@ absl::StatusOr<TensorView> PackedCheckpoint::GetRaw(const std::string& name) con
   if (!state_) return absl::FailedPreconditionError("checkpoint not open");
   auto it = state_->where.find(name);
   if (it == state_->where.end()) {
-    return absl::NotFoundError(absl::StrCat("no tensor '", name, "' in the checkpoint"));
+    return absl::NotFoundError(
+        absl::StrCat("no tensor '", internal::Escaped(name), "' in the checkpoint"));
   }
   const internal::SafetensorsFile& f = *state_->files[it->second.file];
   if (it->second.packed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tensor '", name, "' in '", f.path(), "' is packed; read it with GetPacked or GetBf16"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", internal::Escaped(name), "' in '", f.path(),
+                     "' is packed; read it with GetPacked or GetBf16"));
   }
   const internal::SafetensorsEntry& e = *it->second.entry;
   TensorView v;
@@ -218,7 +224,7 @@ absl::StatusOr<std::vector<uint16_t>> PackedCheckpoint::GetBf16(const std::strin
   ASSIGN_OR_RETURN(const TensorView v, GetRaw(name));
   if (v.dtype != "BF16") {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "' is ", v.dtype, ", not BF16"));
+        absl::StrCat("tensor '", internal::Escaped(name), "' is ", v.dtype, ", not BF16"));
   }
   std::vector<uint16_t> out(v.size / 2);
   if (v.size > 0) std::memcpy(out.data(), v.data, v.size);

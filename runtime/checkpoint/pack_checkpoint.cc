@@ -151,9 +151,10 @@ absl::Status Driver::PackTensor(const SafetensorsFile& in, const TensorPlan& pla
   if (!packed.ok()) {
     const int64_t bad = FindNonFinite(src, rows * cols);
     if (bad < 0) {
-      return absl::Status(packed.status().code(),
-                          absl::StrCat("'", in.path(), "', tensor '", e.name, "' ",
-                                       ShapeString(e.shape), ": ", packed.status().message()));
+      return absl::Status(
+          packed.status().code(),
+          absl::StrCat("'", in.path(), "', tensor '", internal::Escaped(e.name), "' ",
+                       ShapeString(e.shape), ": ", packed.status().message()));
     }
     uint16_t v;
     std::memcpy(&v, src + 2 * bad, 2);
@@ -164,12 +165,14 @@ absl::Status Driver::PackTensor(const SafetensorsFile& in, const TensorPlan& pla
                                                             : "+Inf",
                                              v);
     if (!options_.keep_nonfinite) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", in.path(), "', tensor '", e.name, "' ", ShapeString(e.shape), ": ", what,
-          "; only finite weights can be packed (keep such tensors unpacked with "
-          "keep_nonfinite / --keep_nonfinite)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", in.path(), "', tensor '", internal::Escaped(e.name), "' ",
+                       ShapeString(e.shape), ": ", what,
+                       "; only finite weights can be packed (keep such tensors unpacked with "
+                       "keep_nonfinite / --keep_nonfinite)"));
     }
-    GEMVZ_LOG_WARNING("'%s', tensor '%s': %s; kept unpacked", in.path(), e.name, what);
+    GEMVZ_LOG_WARNING("'%s', tensor '%s': %s; kept unpacked", in.path(), internal::Escaped(e.name),
+                      what);
     r.packed = false;
     r.skip_reason = absl::StrCat("non-finite: ", what);
     in.Release(e.begin, e.end - e.begin);
@@ -202,7 +205,8 @@ absl::Status Driver::Verify(const SafetensorsFile& in, const std::vector<TensorP
     if (r.packed) {
       auto m = out->metadata().find(absl::StrCat(internal::kMetaTensorPrefix, e.name));
       if (m == out->metadata().end()) {
-        return absl::DataLossError(absl::StrCat(where, ": no metadata for '", e.name, "'"));
+        return absl::DataLossError(
+            absl::StrCat(where, ": no metadata for '", internal::Escaped(e.name), "'"));
       }
       ASSIGN_OR_RETURN(const internal::PackedTensorMeta meta,
                        internal::DecodePackedTensorMeta(m->second));
@@ -227,7 +231,7 @@ absl::Status Driver::Verify(const SafetensorsFile& in, const std::vector<TensorP
               return absl::DataLossError(absl::StrFormat(
                   "%s: tensor '%s' (row %d, col %d) unpacks to BF16 0x%04x, the input holds "
                   "0x%04x",
-                  where, e.name, r0 + static_cast<int64_t>(k) / cols,
+                  where, internal::Escaped(e.name), r0 + static_cast<int64_t>(k) / cols,
                   static_cast<int64_t>(k) % cols, buf[k], o));
             }
           }
@@ -239,13 +243,13 @@ absl::Status Driver::Verify(const SafetensorsFile& in, const std::vector<TensorP
       const SafetensorsEntry* o = out->Find(e.name);
       parts += 1;
       if (o == nullptr || o->dtype != e.dtype || o->shape != e.shape) {
-        return absl::DataLossError(
-            absl::StrCat(where, ": tensor '", e.name, "' is missing or has another dtype/shape"));
+        return absl::DataLossError(absl::StrCat(where, ": tensor '", internal::Escaped(e.name),
+                                                "' is missing or has another dtype/shape"));
       }
       for (uint64_t off = 0; off < e.end - e.begin; off += kChunkBytes) {
         const uint64_t n = std::min(kChunkBytes, e.end - e.begin - off);
         if (std::memcmp(out->data(*o) + off, in.data(e) + off, n) != 0) {
-          return absl::DataLossError(absl::StrCat(where, ": tensor '", e.name,
+          return absl::DataLossError(absl::StrCat(where, ": tensor '", internal::Escaped(e.name),
                                                   "' differs from the input near byte ", off));
         }
         in.Release(e.begin + off, n);
@@ -383,8 +387,9 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
     }
     for (const SafetensorsEntry& e : f->tensors()) {
       if (auto [it, ok] = tensor_files.emplace(e.name, path); !ok) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor '", e.name, "' is in both '", it->second, "' and '", path, "'"));
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", internal::Escaped(e.name),
+                                                       "' is in both '", it->second, "' and '",
+                                                       path, "'"));
       }
       driver.bytes_total_ += static_cast<int64_t>(e.end - e.begin);
       ++driver.tensors_total_;

@@ -10,6 +10,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/common/hash.h"
 #include "runtime/common/json_check.h"
+#include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 
 namespace gemvz::internal {
@@ -70,10 +71,10 @@ absl::Status CopyPart(const SafetensorsFile& file, const SafetensorsEntry& e, ui
   file.Release(e.begin, bytes);
   const uint32_t actual = Crc32c(out.data(), bytes);
   if (actual != crc) {
-    return absl::DataLossError(absl::StrCat("safetensors file '", file.path(), "', tensor '",
-                                            tensor, "': part '", e.name,
-                                            "' fails its checksum (stored crc32c ", crc,
-                                            ", computed ", actual, "): the file is corrupt"));
+    return absl::DataLossError(
+        absl::StrCat("safetensors file '", file.path(), "', tensor '", internal::Escaped(tensor),
+                     "': part '", internal::Escaped(e.name), "' fails its checksum (stored crc32c ",
+                     crc, ", computed ", actual, "): the file is corrupt"));
   }
   return absl::OkStatus();
 }
@@ -245,8 +246,8 @@ absl::StatusOr<PackedTensorMeta> WritePackedTensor(SafetensorsWriter& writer,
 
 absl::Status CheckPackedParts(const SafetensorsFile& file, const std::string& tensor,
                               const PackedTensorMeta& meta) {
-  const std::string where =
-      absl::StrCat("safetensors file '", file.path(), "', packed tensor '", tensor, "'");
+  const std::string where = absl::StrCat("safetensors file '", file.path(), "', packed tensor '",
+                                         internal::Escaped(tensor), "'");
   if (absl::Status st = CheckPackableShape(meta.rows, meta.cols); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", st.message()));
   }
@@ -259,13 +260,14 @@ absl::Status CheckPackedParts(const SafetensorsFile& file, const std::string& te
     const std::string part = PackedPartName(tensor, i);
     const SafetensorsEntry* e = file.Find(part);
     if (e == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": part '", part, "' is missing"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": part '", internal::Escaped(part), "' is missing"));
     }
     if (e->dtype != kPackedPartSpecs[i].dtype || e->shape != shapes[i]) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": part '", part, "' is ", e->dtype, " ", ShapeString(e->shape),
-                       ", expected ", kPackedPartSpecs[i].dtype, " ", ShapeString(shapes[i]),
-                       " for a [", meta.rows, ", ", meta.cols, "] matrix"));
+          absl::StrCat(where, ": part '", internal::Escaped(part), "' is ", e->dtype, " ",
+                       ShapeString(e->shape), ", expected ", kPackedPartSpecs[i].dtype, " ",
+                       ShapeString(shapes[i]), " for a [", meta.rows, ", ", meta.cols, "] matrix"));
     }
   }
   return absl::OkStatus();
@@ -292,8 +294,9 @@ absl::StatusOr<PackedMatrix> ReadPackedTensor(const SafetensorsFile& file,
   RETURN_IF_ERROR(CopyPart(file, part(4), meta.crc[4], tensor, p.dense_rows));
   RETURN_IF_ERROR(CopyPart(file, part(5), meta.crc[5], tensor, p.dense_values));
   if (absl::Status st = ValidatePacked(p); !st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("safetensors file '", file.path(),
-                                                "', packed tensor '", tensor, "': ", st.message()));
+    return absl::Status(st.code(),
+                        absl::StrCat("safetensors file '", file.path(), "', packed tensor '",
+                                     internal::Escaped(tensor), "': ", st.message()));
   }
   return p;
 }

@@ -36,7 +36,7 @@ class Checker : public nlohmann::json_sax<Json> {
   }
   bool key(string_t& k) override {
     if (keys_ && !open_.empty() && !open_.back().insert(k).second) {
-      fault_ = absl::StrCat("an object repeats the key '", Cut(k), "'");
+      fault_ = absl::StrCat("an object repeats the key '", Escaped(k), "'");
       return false;
     }
     return true;

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -15,6 +16,10 @@ namespace gemvz::internal {
 std::string Excerpt(std::string_view s, size_t max) {
   if (s.size() <= max) return std::string(s);
   return std::string(s.substr(0, max)) + "...";
+}
+
+std::string Escaped(std::string_view s, size_t max) {
+  return absl::Utf8SafeCHexEscape(Excerpt(s, max));
 }
 
 int LogVerbosity() {

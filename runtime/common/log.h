@@ -20,6 +20,12 @@ void LogLine(LogLevel level, const std::string& message);
 // bytes, "..." after a cut.
 std::string Excerpt(std::string_view s, size_t max);
 
+// What a message shows of text from outside (a tensor's name from a file's header, a
+// configuration line): Excerpt(s, max) with control bytes, quotes and backslashes escaped
+// (\x1b, \x00, \', \\; UTF-8 kept), so that a NUL or a terminal escape in a file cannot cut the
+// message or rewrite the screen where it is printed.
+std::string Escaped(std::string_view s, size_t max = 200);
+
 template <typename... Args>
 void Log(LogLevel level, const absl::FormatSpec<Args...>& format, const Args&... args) {
   if (static_cast<int>(level) > LogVerbosity()) return;

@@ -84,7 +84,7 @@ namespace {
 
 // `s` as an error message quotes it: an excerpt, control bytes and quotes escaped.
 std::string Shown(absl::string_view s, size_t max) {
-  return absl::CHexEscape(internal::Excerpt(std::string_view(s.data(), s.size()), max));
+  return internal::Escaped(std::string_view(s.data(), s.size()), max);
 }
 
 }  // namespace

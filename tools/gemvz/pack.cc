@@ -16,6 +16,7 @@
 #include "gemvz/checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "runtime/common/file_util.h"
+#include "runtime/common/log.h"
 #include "tools/gemvz/bench_support.h"
 #include "tools/gemvz/command.h"
 #include "tools/gemvz/common_flags.h"
@@ -99,7 +100,7 @@ class ProgressBar {
       constexpr int kWidth = 30;
       const int fill = static_cast<int>(frac * kWidth);
       const double rate = p.bytes_done / std::max(1e-9, now - start_) / 1e6;
-      std::string name = p.current;
+      std::string name = internal::Escaped(p.current, std::string::npos);
       if (name.size() > 40) name = "..." + name.substr(name.size() - 37);
       std::fprintf(stderr, "\r[%s%s] %3d%%  %s / %s  %.0f MB/s  %lld/%lld  %-6s %-40s",
                    std::string(fill, '#').c_str(), std::string(kWidth - fill, '.').c_str(),
@@ -135,13 +136,15 @@ void PrintReport(const CheckpointPackReport& r) {
               "bits/w", "exc.rate", "coverage", "dense", "bytes in -> out");
   for (const TensorPackReport& t : r.tensors) {
     if (t.packed) {
-      std::printf("%-48s %-16s %-5s %-7s %8.4f %9.5f%% %9.5f%% %6lld %s -> %s%s\n", t.name.c_str(),
-                  Shape(t.shape).c_str(), t.dtype.c_str(), "packed", t.stats.bits_per_weight,
-                  100 * t.stats.exception_rate, 100 * t.stats.window_coverage,
-                  static_cast<long long>(t.stats.dense_rows), Bytes(t.input_bytes).c_str(),
-                  Bytes(t.output_bytes).c_str(), t.verified ? "  verified" : "");
+      std::printf("%-48s %-16s %-5s %-7s %8.4f %9.5f%% %9.5f%% %6lld %s -> %s%s\n",
+                  internal::Escaped(t.name, std::string::npos).c_str(), Shape(t.shape).c_str(),
+                  t.dtype.c_str(), "packed", t.stats.bits_per_weight, 100 * t.stats.exception_rate,
+                  100 * t.stats.window_coverage, static_cast<long long>(t.stats.dense_rows),
+                  Bytes(t.input_bytes).c_str(), Bytes(t.output_bytes).c_str(),
+                  t.verified ? "  verified" : "");
     } else {
-      std::printf("%-48s %-16s %-5s %-7s %s%s\n", t.name.c_str(), Shape(t.shape).c_str(),
+      std::printf("%-48s %-16s %-5s %-7s %s%s\n",
+                  internal::Escaped(t.name, std::string::npos).c_str(), Shape(t.shape).c_str(),
                   t.dtype.c_str(), "kept", t.skip_reason.c_str(), t.verified ? "  (verified)" : "");
     }
   }
