@@ -1717,26 +1717,14 @@ struct HostOverheadSetup {
     h.dx = std::make_unique<DeviceBuffer>(k * 2);
     h.dout = std::make_unique<DeviceBuffer>(n * 2);
     h.dx->Fill16(0x3C00);
-    const internal::DeviceMatrixState& s = *h.dm.state();
     Z12Params& p = h.params;
+    p = internal::Z12MatrixParams(*h.dm.state());
     p.x = h.dx->as<unsigned short>();
-    p.w = reinterpret_cast<const void*>(s.weights);
-    p.row_offsets = reinterpret_cast<const unsigned*>(s.row_offsets);
-    p.entries = reinterpret_cast<const void*>(s.entries);
-    p.dense_block_offsets = reinterpret_cast<const unsigned*>(s.dense_block_offsets);
-    p.dense_rows = reinterpret_cast<const unsigned char*>(s.dense_rows);
-    p.dense_values = reinterpret_cast<const unsigned short*>(s.dense_values);
-    p.dense_global_rows = reinterpret_cast<const int*>(s.dense_global_rows);
     p.out = h.dout->as<void>();
     p.ldx = k;
     p.ldo = n;
     p.M = 1;
-    p.N = static_cast<int>(n);
-    p.K = static_cast<int>(k);
     p.S = 1;
-    p.n_dense = static_cast<int>(s.n_dense);
-    p.tl = s.tl;
-    p.th = s.th;
     return h;
   }
 

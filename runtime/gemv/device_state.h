@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "gemvz/config.h"
 #include "gemvz/gemv.h"
+#include "kernel_sources/gemv_params.cuh"
 
 namespace gemvz::internal {
 
@@ -46,6 +47,10 @@ struct DeviceInfo {
   std::string arch;  // "sm_90"
   std::string name;
 };
+// A 12-bit matrix's part of its kernel's arguments: the weights, side tables and dense rows, N, K
+// and the window's lookup words. The call's part (x, out, workspace, M, strides, S, flags) is zero.
+Z12Params Z12MatrixParams(const DeviceMatrixState& s);
+
 // Queried once per device.
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int device);
 

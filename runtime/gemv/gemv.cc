@@ -349,26 +349,15 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
     Bf16Params bp;
     void* args[1];
     if (s.format == WeightFormat::kZ12) {
+      zp = Z12MatrixParams(s);
       zp.x = xk + c0 * ldx;
-      zp.w = reinterpret_cast<const void*>(s.weights);
-      zp.row_offsets = reinterpret_cast<const unsigned*>(s.row_offsets);
-      zp.entries = reinterpret_cast<const void*>(s.entries);
-      zp.dense_block_offsets = reinterpret_cast<const unsigned*>(s.dense_block_offsets);
-      zp.dense_rows = reinterpret_cast<const unsigned char*>(s.dense_rows);
-      zp.dense_values = reinterpret_cast<const unsigned short*>(s.dense_values);
-      zp.dense_global_rows = reinterpret_cast<const int*>(s.dense_global_rows);
-      zp.n_dense = static_cast<int>(s.n_dense);
       zp.out = static_cast<char*>(out) + c0 * s.rows * (fp32_out ? 4 : 2);
       zp.ws = reinterpret_cast<void*>(ws->ws);
       zp.sem = reinterpret_cast<int*>(ws->sem);
       zp.ldx = ldx;
       zp.ldo = s.rows;
       zp.M = mc;
-      zp.N = static_cast<int>(s.rows);
-      zp.K = static_cast<int>(s.cols);
       zp.S = config.splits;
-      zp.tl = s.tl;
-      zp.th = s.th;
       zp.flags = (fp32_out ? 2 : 0) | (pdl ? 4 : 0);
       args[0] = &zp;
     } else {
@@ -412,6 +401,23 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
     }
   }
   return absl::OkStatus();
+}
+
+Z12Params Z12MatrixParams(const DeviceMatrixState& s) {
+  Z12Params p{};
+  p.w = reinterpret_cast<const void*>(s.weights);
+  p.row_offsets = reinterpret_cast<const unsigned*>(s.row_offsets);
+  p.entries = reinterpret_cast<const void*>(s.entries);
+  p.dense_block_offsets = reinterpret_cast<const unsigned*>(s.dense_block_offsets);
+  p.dense_rows = reinterpret_cast<const unsigned char*>(s.dense_rows);
+  p.dense_values = reinterpret_cast<const unsigned short*>(s.dense_values);
+  p.dense_global_rows = reinterpret_cast<const int*>(s.dense_global_rows);
+  p.n_dense = static_cast<int>(s.n_dense);
+  p.N = static_cast<int>(s.rows);
+  p.K = static_cast<int>(s.cols);
+  p.tl = s.tl;
+  p.th = s.th;
+  return p;
 }
 
 }  // namespace internal
