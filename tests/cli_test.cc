@@ -653,6 +653,32 @@ TEST_F(CliTest, RunningOutOfHostMemoryIsReportedNotAnAbort) {
   EXPECT_FALSE(absl::StrContains(r.err, "terminate called")) << r.err;
 }
 
+// Packing a tensor too large for the memory left names the file and the tensor (it said only
+// "out of host memory"), and leaves no output behind. The input is a sparse file of zeros: 2 GiB
+// of the address space once mapped, and packing it needs about 1.5 GiB more than the 2.8 GB
+// allowed here.
+TEST_F(CliTest, PackRunningOutOfHostMemoryNamesTheFileAndTensor) {
+  const int64_t rows = 32768, cols = 32768;
+  const std::string header = absl::StrCat(R"({"w":{"dtype":"BF16","shape":[)", rows, ",", cols,
+                                          R"(],"data_offsets":[0,)", rows * cols * 2, "]}}");
+  const std::string input = dir_ + "/big.safetensors";
+  {
+    std::ofstream f(input, std::ios::binary);
+    const uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) f.put(static_cast<char>((n >> (8 * i)) & 0xFF));
+    f << header;
+    ASSERT_TRUE(f.good());
+  }
+  ASSERT_EQ(::truncate(input.c_str(), static_cast<off_t>(8 + header.size() + rows * cols * 2)), 0);
+  const Result r = Run({"pack", input, "-o", "out", "--j=1"}, "ulimit -v 2800000");
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_CONTAINS(r.err, "gemvz pack: '" + input +
+                             "', tensor 'w' [32768, 32768]: out of host memory while packing it");
+  EXPECT_FALSE(absl::StrContains(r.err, "terminate called")) << r.err;
+  EXPECT_FALSE(Exists(dir_ + "/out"));
+  ASSERT_EQ(::unlink(input.c_str()), 0);
+}
+
 TEST_F(CliTest, DemoPlansAForcedConfigurationInEachMatrixOrder) {
   env_["GEMVZ_FORCE_CONFIG"] = "z12.nw8.ug2.nb1.pipe3.s1";
   env_["GEMVZ_ARCH"] = "sm_90";

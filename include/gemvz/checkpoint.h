@@ -122,7 +122,8 @@ struct CheckpointPackReport {
 // rest is copied as is. Files appear under their final names only once every one of them has been
 // written (and verified when asked), all or none: a failure leaves `out_dir` as it was (a file
 // that an output would have replaced is restored, directories made for it are removed) and no
-// temporary files.
+// temporary files. Host memory running out while a tensor is packed or verified is
+// ResourceExhausted, naming the file (and the tensor).
 absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::string>& inputs,
                                                     const std::string& out_dir,
                                                     const CheckpointPackOptions& options = {});

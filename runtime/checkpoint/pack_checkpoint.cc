@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <new>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -331,7 +332,18 @@ absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_
     r.input_bytes = static_cast<int64_t>(e.end - e.begin);
     if (p.pack) {
       Progress(e.name, "pack");
-      RETURN_IF_ERROR(PackTensor(in, p, *writer, r));
+      // Host memory running out is said here, where the file and tensor are known, as a status
+      // (nothing throws across the API); the caller removes what was written.
+      absl::Status packed;
+      try {
+        packed = PackTensor(in, p, *writer, r);
+      } catch (const std::bad_alloc&) {
+        packed = absl::ResourceExhaustedError(
+            absl::StrCat("'", in.path(), "', tensor '", internal::Escaped(e.name), "' ",
+                         ShapeString(e.shape), ": out of host memory while packing it (",
+                         e.end - e.begin, " bytes of BF16 in; packing holds about as much again)"));
+      }
+      RETURN_IF_ERROR(packed);
     } else {
       r.skip_reason = p.reason;
       const uint64_t before = writer->bytes_written();
@@ -348,7 +360,16 @@ absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_
   writer->SetMetadata(internal::kMetaFormatKey, internal::kMetaFormatValue);
   writer->SetMetadata(internal::kMetaVersionKey, std::to_string(kCheckpointFormatVersion));
   RETURN_IF_ERROR(writer->Finish());
-  if (options_.verify) RETURN_IF_ERROR(Verify(in, plans, writer->temp_path(), first_report));
+  if (options_.verify) {
+    absl::Status verified;
+    try {
+      verified = Verify(in, plans, writer->temp_path(), first_report);
+    } catch (const std::bad_alloc&) {
+      verified = absl::ResourceExhaustedError(
+          absl::StrCat("'", in.path(), "': out of host memory while verifying its packed copy"));
+    }
+    RETURN_IF_ERROR(verified);
+  }
   report_.output_bytes += static_cast<int64_t>(writer->bytes_written());
   *writer_out = std::move(writer);
   return absl::OkStatus();
