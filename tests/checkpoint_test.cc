@@ -954,7 +954,7 @@ TEST(CheckpointTest, CommandLineShowsNamesEscapedAndKeepsThemWhole) {
   const int rc =
       RunTool("pack " + dir + "/in.safetensors -o " + dir + "/packed --json=" + dir + "/r.json",
               &out, &err, dir);
-  ASSERT_EQ(rc, 0) << out << err;
+  ASSERT_EQ(rc, 0) << absl::CHexEscape(out + err);
   EXPECT_NE(out.find("evil\\x1b[2J\\x00name "), std::string::npos) << absl::CHexEscape(out);
   EXPECT_EQ(out.find_first_of(std::string("\0\x1b", 2)), std::string::npos)
       << absl::CHexEscape(out);

@@ -351,6 +351,9 @@ TEST(SafetensorsTest, BadFilesAreRefusedNamingFileAndTensor) {
                    ",\"\\u0007\":" + entry("BF16", "[2,4]", 0, 16) + "}",
                data16),
        "repeats the key '\\x07'", nullptr},
+      {"a C1 control (U+009B, CSI) in a name and in a dtype",
+       RawFile("{\"q\\u009b\":" + entry("Q\\u009b", "[2,4]", 0, 16) + "}", data16),
+       "unknown dtype 'Q\\xc2\\x9b'", "q\\xc2\\x9b"},
   };
   for (const BadCase& c : cases) {
     const std::string path = dir + "/bad.safetensors";
@@ -360,7 +363,7 @@ TEST(SafetensorsTest, BadFilesAreRefusedNamingFileAndTensor) {
     const std::string msg(f.status().message());
     EXPECT_NE(msg.find(c.expected), std::string::npos) << c.name << ": " << msg;
     EXPECT_NE(msg.find(path), std::string::npos) << c.name << ": " << msg;
-    EXPECT_EQ(msg.find_first_of(std::string("\0\x07\x1b", 3)), std::string::npos)
+    EXPECT_EQ(msg.find_first_of(std::string("\0\x07\x1b\x9b", 4)), std::string::npos)
         << c.name << ": a control byte in " << absl::CHexEscape(msg);
     if (c.tensor != nullptr) {
       EXPECT_NE(msg.find(std::string("tensor '") + c.tensor + "'"), std::string::npos)

@@ -55,7 +55,7 @@ absl::StatusOr<int> SafetensorsDtypeSize(const std::string& dtype) {
   for (const DtypeInfo& d : kDtypes) {
     if (dtype == d.name) return d.size;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", dtype, "'"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", Escaped(dtype), "'"));
 }
 
 // dtype size * numel of `shape`, false when a dimension is negative or the product overflows
@@ -188,7 +188,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       if (!v.is_object()) return fail("__metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string()) {
-          return fail(absl::StrCat("__metadata__ value of '", m.key(), "' is not a string"));
+          return fail(
+              absl::StrCat("__metadata__ value of '", Escaped(m.key()), "' is not a string"));
         }
         f->metadata_[m.key()] = m.value().get<std::string>();
       }

@@ -18,9 +18,7 @@ std::string Excerpt(std::string_view s, size_t max) {
   return std::string(s.substr(0, max)) + "...";
 }
 
-std::string Escaped(std::string_view s, size_t max) {
-  return absl::Utf8SafeCHexEscape(Excerpt(s, max));
-}
+std::string Escaped(std::string_view s, size_t max) { return absl::CHexEscape(Excerpt(s, max)); }
 
 int LogVerbosity() {
   static const int level = [] {

@@ -21,9 +21,9 @@ void LogLine(LogLevel level, const std::string& message);
 std::string Excerpt(std::string_view s, size_t max);
 
 // What a message shows of text from outside (a tensor's name from a file's header, a
-// configuration line): Excerpt(s, max) with control bytes, quotes and backslashes escaped
-// (\x1b, \x00, \', \\; UTF-8 kept), so that a NUL or a terminal escape in a file cannot cut the
-// message or rewrite the screen where it is printed.
+// configuration line): Excerpt(s, max) with every byte outside printable ASCII, quotes and
+// backslashes escaped (\x1b, \x00, \xc2\x9b for U+009B, \', \\), so that a NUL or a terminal
+// escape (C0 or C1) in a file cannot cut the message or rewrite the screen where it is printed.
 std::string Escaped(std::string_view s, size_t max = 200);
 
 template <typename... Args>
