@@ -96,10 +96,10 @@ struct GemvOptions {
 // equal rows (m = 40: two of 20; more where the chosen kernel takes fewer rows, GemvPlan), each
 // reading all the weights, so beyond 32 rows a BF16 GEMM is the faster tool (docs/BENCHMARKS.md,
 // "Above m = 16"). Asynchronous; capturable in a CUDA graph. Safe to call concurrently on
-// different streams, which never wait for each other's calls: a thread blocked launching into a
-// full stream holds up only that stream's calls. x must be 16-byte aligned (2-byte for a plain BF16 matrix whose K is not a
-// multiple of 64) and out aligned to its element; cudaMalloc's pointers are. A misaligned one is
-// InvalidArgument, before anything is launched.
+// different streams; each stream's workspace has its own lock, so a thread blocked launching
+// into a full stream holds up only that stream's calls. x must be 16-byte aligned (2-byte for a
+// plain BF16 matrix whose K is not a multiple of 64) and out aligned to its element; cudaMalloc's
+// pointers are. A misaligned one is InvalidArgument, before anything is launched.
 absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t* out,
                   CUstream_st* stream, const GemvOptions& options = {});
 
@@ -125,8 +125,9 @@ absl::StatusOr<int64_t> GemvWorkspaceBytes(CUstream_st* stream, int device = 0);
 // the stream's queued work, frees the buffers, and a later Gemv on the stream allocates afresh.
 // Graphs captured on the stream before the call use these buffers wherever they are launched: none
 // may be running on another stream during the call, nor launched after it. Refused while the
-// stream is being captured; not to be called concurrently with Gemv on the same stream. OK (a
-// no-op but for the wait) when nothing is held. nullptr is the legacy default stream.
+// stream is being captured. A Gemv on the same stream at the same time either launches first, and
+// is waited for, or allocates afresh after the release. OK (a no-op but for the wait) when nothing
+// is held. nullptr is the legacy default stream.
 absl::Status ReleaseGemvWorkspace(CUstream_st* stream, int device = 0);
 
 // How a call would run: the configuration per chunk and where it came from.

@@ -138,7 +138,7 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
     d->cuStreamSynchronize(stream);
     // The candidates' split-K workspace lives as long as its stream (a later stream could get
     // the same handle and inherit it, but nothing would free it).
-    ReleaseStreamWorkspace(scope.context(), stream);
+    ReleaseStreamWorkspace(scope.context(), stream).IgnoreError();  // best effort, as the sync
     d->cuStreamDestroy(stream);
   };
   // x = 1.0 everywhere, ordered before the launches on the tuning stream.

@@ -38,11 +38,12 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
                            const uint16_t* x, int64_t m, void* out, bool fp32_out,
                            CUstream stream, Pdl pdl = Pdl::kOff);
 
-// Frees the workspace of (ctx, stream) (split-K partials, semaphores, padded x, and the buffers
-// they outgrew) and forgets it. Only for a stream whose work has finished and on which no graph
-// that still runs was captured: the autotuner's own stream before it is destroyed, and
-// ReleaseGemvWorkspace (gemv.h) after it has synchronised the caller's.
-void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream);
+// Forgets the workspace of (ctx, stream), waits for the stream, and frees the workspace's buffers
+// (split-K partials, semaphores, padded x, and the buffers they outgrew). A Gemv on the stream at
+// the same time either launches first (and is waited for) or allocates afresh. Only for a stream
+// on which no graph that still runs was captured: the autotuner's own stream before it is
+// destroyed, and ReleaseGemvWorkspace (gemv.h).
+absl::Status ReleaseStreamWorkspace(CUcontext ctx, CUstream stream);
 
 // The device bytes that the workspace of (ctx, stream) holds, outgrown buffers included; 0 if none.
 int64_t StreamWorkspaceBytes(CUcontext ctx, CUstream stream);

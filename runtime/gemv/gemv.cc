@@ -210,21 +210,32 @@ std::vector<CUdeviceptr> StreamWorkspaceBuffers(CUcontext ctx, CUstream stream) 
   return buffers;
 }
 
-void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
+absl::Status ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
   std::shared_ptr<Workspace> w;
   {
     absl::MutexLock lock(&workspaces_mu);
     auto& map = Workspaces();
     auto it = map.find(KeyFor(ctx, stream));
-    if (it == map.end()) return;
-    w = std::move(it->second);
-    map.erase(it);
+    if (it != map.end()) {
+      w = std::move(it->second);
+      map.erase(it);
+    }
   }
-  absl::MutexLock lock(&w->mu);  // after the launches of a call that holds it
+  if (w == nullptr) {
+    const RelaxedCaptureMode relaxed;
+    CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));  // the same wait, with nothing to free
+    return absl::OkStatus();
+  }
+  // After the launches of a call that holds the lock; a call waiting for it fetches the stream's
+  // new workspace. Then the stream's queued and running kernels, that call's included, finish
+  // before their buffers go. Relaxed: the sync and the frees touch no stream that another thread
+  // may be capturing. A failed sync leaves the buffers allocated (the context is broken).
+  absl::MutexLock lock(&w->mu);
   w->released = true;
+  const RelaxedCaptureMode relaxed;
+  CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));
   auto driver = Driver();
   if (driver.ok()) {
-    const RelaxedCaptureMode relaxed;
     for (const RetiredBuffer& r : w->retired) (*driver)->cuMemFree(r.ptr);
     for (CUdeviceptr p : {w->ws, w->sem, w->xpad}) {
       if (p != 0) (*driver)->cuMemFree(p);
@@ -233,6 +244,7 @@ void ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
   w->retired.clear();
   w->ws = w->sem = w->xpad = 0;
   w->ws_bytes = w->sem_bytes = w->xpad_bytes = 0;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
@@ -518,12 +530,7 @@ absl::Status ReleaseGemvWorkspace(CUstream_st* stream, int device) {
         "ReleaseGemvWorkspace: the stream is being captured; the graph being captured would use "
         "the workspace it frees. End the capture first");
   }
-  // The stream's queued and running kernels may still use the buffers. Relaxed: the sync and
-  // the frees touch no stream that another thread may be capturing.
-  const internal::RelaxedCaptureMode relaxed;
-  CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));
-  internal::ReleaseStreamWorkspace(scope.context(), stream);
-  return absl::OkStatus();
+  return internal::ReleaseStreamWorkspace(scope.context(), stream);  // waits for the stream
 }
 
 absl::StatusOr<GemvPlan> PlanGemv(const DeviceMatrix& w, int64_t m, const GemvOptions& options) {
