@@ -127,14 +127,9 @@ absl::StatusOr<bool> StreamCapturing(CUstream stream) {
 
 // The stream's workspace, made on its first call.
 std::shared_ptr<Workspace> GetWorkspace(CUcontext ctx, CUstream stream) {
-  const WorkspaceKey key = KeyFor(ctx, stream);
-  {
-    absl::ReaderMutexLock lock(&workspaces_mu);
-    auto it = Workspaces().find(key);
-    if (it != Workspaces().end()) return it->second;
-  }
+  if (std::shared_ptr<Workspace> found = FindWorkspace(ctx, stream)) return found;
   absl::MutexLock lock(&workspaces_mu);
-  std::shared_ptr<Workspace>& w = Workspaces()[key];
+  std::shared_ptr<Workspace>& w = Workspaces()[KeyFor(ctx, stream)];
   if (w == nullptr) w = std::make_shared<Workspace>();
   return w;
 }
