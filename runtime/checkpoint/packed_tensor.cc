@@ -71,10 +71,10 @@ absl::Status CopyPart(const SafetensorsFile& file, const SafetensorsEntry& e, ui
   file.Release(e.begin, bytes);
   const uint32_t actual = Crc32c(out.data(), bytes);
   if (actual != crc) {
-    return absl::DataLossError(
-        absl::StrCat("safetensors file '", file.path(), "', tensor '", internal::Escaped(tensor),
-                     "': part '", internal::Escaped(e.name), "' fails its checksum (stored crc32c ",
-                     crc, ", computed ", actual, "): the file is corrupt"));
+    return absl::DataLossError(absl::StrCat("safetensors file '", file.path(), "', tensor '",
+                                            Escaped(tensor), "': part '", Escaped(e.name),
+                                            "' fails its checksum (stored crc32c ", crc,
+                                            ", computed ", actual, "): the file is corrupt"));
   }
   return absl::OkStatus();
 }
@@ -246,8 +246,8 @@ absl::StatusOr<PackedTensorMeta> WritePackedTensor(SafetensorsWriter& writer,
 
 absl::Status CheckPackedParts(const SafetensorsFile& file, const std::string& tensor,
                               const PackedTensorMeta& meta) {
-  const std::string where = absl::StrCat("safetensors file '", file.path(), "', packed tensor '",
-                                         internal::Escaped(tensor), "'");
+  const std::string where =
+      absl::StrCat("safetensors file '", file.path(), "', packed tensor '", Escaped(tensor), "'");
   if (absl::Status st = CheckPackableShape(meta.rows, meta.cols); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", st.message()));
   }
@@ -261,11 +261,11 @@ absl::Status CheckPackedParts(const SafetensorsFile& file, const std::string& te
     const SafetensorsEntry* e = file.Find(part);
     if (e == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": part '", internal::Escaped(part), "' is missing"));
+          absl::StrCat(where, ": part '", Escaped(part), "' is missing"));
     }
     if (e->dtype != kPackedPartSpecs[i].dtype || e->shape != shapes[i]) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": part '", internal::Escaped(part), "' is ", e->dtype, " ",
+          absl::StrCat(where, ": part '", Escaped(part), "' is ", e->dtype, " ",
                        ShapeString(e->shape), ", expected ", kPackedPartSpecs[i].dtype, " ",
                        ShapeString(shapes[i]), " for a [", meta.rows, ", ", meta.cols, "] matrix"));
     }
@@ -296,7 +296,7 @@ absl::StatusOr<PackedMatrix> ReadPackedTensor(const SafetensorsFile& file,
   if (absl::Status st = ValidatePacked(p); !st.ok()) {
     return absl::Status(st.code(),
                         absl::StrCat("safetensors file '", file.path(), "', packed tensor '",
-                                     internal::Escaped(tensor), "': ", st.message()));
+                                     Escaped(tensor), "': ", st.message()));
   }
   return p;
 }

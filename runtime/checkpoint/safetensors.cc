@@ -119,8 +119,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", msg));
   };
   auto tensor_fail = [&](const std::string& name, const std::string& msg) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ", tensor '", internal::Escaped(name), "': ", msg));
+    return absl::InvalidArgumentError(absl::StrCat(where, ", tensor '", Escaped(name), "': ", msg));
   };
 
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
@@ -255,9 +254,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     const SafetensorsEntry* a = by_offset[i - 1];
     const SafetensorsEntry* b = by_offset[i];
     if (b->begin < a->end) {
-      return tensor_fail(
-          b->name, absl::StrCat("bytes [", b->begin, ", ", b->end, ") overlap tensor '",
-                                internal::Escaped(a->name), "' at [", a->begin, ", ", a->end, ")"));
+      return tensor_fail(b->name,
+                         absl::StrCat("bytes [", b->begin, ", ", b->end, ") overlap tensor '",
+                                      Escaped(a->name), "' at [", a->begin, ", ", a->end, ")"));
     }
   }
   return f;
@@ -330,8 +329,7 @@ absl::Status SafetensorsWriter::BeginTensor(const std::string& name, const std::
 absl::Status SafetensorsWriter::StartTensor(const std::string& name, const std::string& dtype,
                                             const std::vector<int64_t>& shape) {
   if (in_tensor_ || finished_) {
-    return absl::FailedPreconditionError(absl::StrCat("'", path_, "': BeginTensor('",
-                                                      internal::Escaped(name),
+    return absl::FailedPreconditionError(absl::StrCat("'", path_, "': BeginTensor('", Escaped(name),
                                                       "') while a tensor is open or after Finish"));
   }
   ASSIGN_OR_RETURN(const int elem, SafetensorsDtypeSize(dtype));
@@ -341,14 +339,14 @@ absl::Status SafetensorsWriter::StartTensor(const std::string& name, const std::
   for (const SafetensorsEntry& e : entries_) {
     if (e.name == name) {
       return absl::InvalidArgumentError(
-          absl::StrCat("'", path_, "': tensor '", internal::Escaped(name), "' written twice"));
+          absl::StrCat("'", path_, "': tensor '", Escaped(name), "' written twice"));
     }
   }
   uint64_t expected = 0;
   if (!TensorBytes(static_cast<uint64_t>(elem), shape, &expected)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", path_, "': tensor '", internal::Escaped(name), "' has shape ", ShapeString(shape),
-        ": a negative dimension, or more than 2^64 bytes of ", dtype));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path_, "': tensor '", Escaped(name), "' has shape ", ShapeString(shape),
+                     ": a negative dimension, or more than 2^64 bytes of ", dtype));
   }
   SafetensorsEntry e;
   e.name = name;
@@ -385,8 +383,8 @@ absl::Status SafetensorsWriter::EndTensor() {
   const SafetensorsEntry& e = entries_.back();
   if (e.end - e.begin != tensor_expected_) {
     failed_ = true;
-    return absl::InternalError(absl::StrCat("'", path_, "': tensor '", internal::Escaped(e.name),
-                                            "' got ", e.end - e.begin, " bytes, its ", e.dtype, " ",
+    return absl::InternalError(absl::StrCat("'", path_, "': tensor '", Escaped(e.name), "' got ",
+                                            e.end - e.begin, " bytes, its ", e.dtype, " ",
                                             ShapeString(e.shape), " needs ", tensor_expected_));
   }
   return absl::OkStatus();

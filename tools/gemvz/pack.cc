@@ -135,16 +135,15 @@ void PrintReport(const CheckpointPackReport& r) {
   std::printf("%-48s %-16s %-5s %-7s %8s %10s %10s %6s %s\n", "tensor", "shape", "dtype", "action",
               "bits/w", "exc.rate", "coverage", "dense", "bytes in -> out");
   for (const TensorPackReport& t : r.tensors) {
+    const std::string name = internal::Escaped(t.name, std::string::npos);
     if (t.packed) {
-      std::printf("%-48s %-16s %-5s %-7s %8.4f %9.5f%% %9.5f%% %6lld %s -> %s%s\n",
-                  internal::Escaped(t.name, std::string::npos).c_str(), Shape(t.shape).c_str(),
-                  t.dtype.c_str(), "packed", t.stats.bits_per_weight, 100 * t.stats.exception_rate,
-                  100 * t.stats.window_coverage, static_cast<long long>(t.stats.dense_rows),
-                  Bytes(t.input_bytes).c_str(), Bytes(t.output_bytes).c_str(),
-                  t.verified ? "  verified" : "");
+      std::printf("%-48s %-16s %-5s %-7s %8.4f %9.5f%% %9.5f%% %6lld %s -> %s%s\n", name.c_str(),
+                  Shape(t.shape).c_str(), t.dtype.c_str(), "packed", t.stats.bits_per_weight,
+                  100 * t.stats.exception_rate, 100 * t.stats.window_coverage,
+                  static_cast<long long>(t.stats.dense_rows), Bytes(t.input_bytes).c_str(),
+                  Bytes(t.output_bytes).c_str(), t.verified ? "  verified" : "");
     } else {
-      std::printf("%-48s %-16s %-5s %-7s %s%s\n",
-                  internal::Escaped(t.name, std::string::npos).c_str(), Shape(t.shape).c_str(),
+      std::printf("%-48s %-16s %-5s %-7s %s%s\n", name.c_str(), Shape(t.shape).c_str(),
                   t.dtype.c_str(), "kept", t.skip_reason.c_str(), t.verified ? "  (verified)" : "");
     }
   }
