@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "kernel_sources/gemv_params.cuh"
 #include "runtime/common/env.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/dispatch/dispatcher.h"
 #include "runtime/gemv/autotune.h"
@@ -1717,21 +1718,13 @@ struct HostOverheadSetup {
   std::unique_ptr<DeviceBuffer> dx, dout;
   Z12Params params{};
 
-  // Empty `error` when every step worked.
-  static HostOverheadSetup Make(int64_t n, int64_t k, std::string* error) {
+  static absl::StatusOr<HostOverheadSetup> Make(int64_t n, int64_t k) {
     HostOverheadSetup h{n, k, {}, {}, {}, nullptr, nullptr};
     auto w = testing::RandomMatrix(n, k, Distribution::kNormal, 3);
-    auto dm = DeviceMatrix::FromBf16(w.data(), n, k);
-    auto plan = dm.ok() ? PlanGemv(*dm, 1) : dm.status();
-    if (plan.ok()) plan->config.splits = 1;  // the bare launch has no split-K workspace
-    auto kernel = plan.ok() ? internal::GetKernel(0, plan->config) : plan.status();
-    if (!kernel.ok()) {
-      *error = kernel.status().ToString();
-      return h;
-    }
-    h.dm = *dm;
-    h.plan = *plan;
-    h.kernel = *kernel;
+    ASSIGN_OR_RETURN(h.dm, DeviceMatrix::FromBf16(w.data(), n, k));
+    ASSIGN_OR_RETURN(h.plan, PlanGemv(h.dm, 1));
+    h.plan.config.splits = 1;  // the bare launch has no split-K workspace
+    ASSIGN_OR_RETURN(h.kernel, internal::GetKernel(0, h.plan.config));
     h.dx = std::make_unique<DeviceBuffer>(k * 2);
     h.dout = std::make_unique<DeviceBuffer>(n * 2);
     h.dx->Fill16(0x3C00);
@@ -1764,9 +1757,9 @@ struct HostOverheadSetup {
 TEST(Gemv, HostOverheadReport) {
   GEMVZ_REQUIRE_GPU();
   const auto& api = **internal::Driver();
-  std::string error;
-  const HostOverheadSetup h = HostOverheadSetup::Make(4096, 4096, &error);
-  ASSERT_EQ(error, "");
+  const absl::StatusOr<HostOverheadSetup> made = HostOverheadSetup::Make(4096, 4096);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const HostOverheadSetup& h = *made;
   CUstream stream;
   ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   constexpr int kCalls = 2000;
@@ -1796,9 +1789,9 @@ TEST(Gemv, HostOverheadReport) {
 TEST(Gemv, HostOverheadThreadsReport) {
   GEMVZ_REQUIRE_GPU();
   const auto& api = **internal::Driver();
-  std::string error;
-  const HostOverheadSetup h = HostOverheadSetup::Make(1024, 4096, &error);
-  ASSERT_EQ(error, "");
+  const absl::StatusOr<HostOverheadSetup> made = HostOverheadSetup::Make(1024, 4096);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const HostOverheadSetup& h = *made;
   constexpr int kCalls = 400;
   for (int threads : {1, 2, 4, 8}) {
     std::vector<CUstream> streams(threads);
@@ -1812,7 +1805,6 @@ TEST(Gemv, HostOverheadThreadsReport) {
       for (CUstream st : streams) api.cuStreamSynchronize(st);
       std::atomic<int> ready{0};
       std::vector<std::thread> pool;
-      std::chrono::steady_clock::time_point t0;
       std::atomic<bool> go{false};
       for (int t = 0; t < threads; ++t) {
         pool.emplace_back([&, t] {
@@ -1824,7 +1816,7 @@ TEST(Gemv, HostOverheadThreadsReport) {
         });
       }
       while (ready.load() < threads) std::this_thread::yield();
-      t0 = std::chrono::steady_clock::now();
+      const auto t0 = std::chrono::steady_clock::now();
       go = true;
       for (std::thread& th : pool) th.join();
       const double us =
