@@ -456,9 +456,9 @@ TEST_F(CliTest, TuneChecksAConfigurationAtItsChunkOfM) {
 // 4096x8192's weights are uploaded group-major (the built-in table's order for it on sm_90), so
 // the configuration runs, and is saved, as the group-major kernel, and tune says so.
 TEST_F(CliTest, TuneOneConfiguration) {
-  const Result r = Run({"tune", "--shape=4096x8192", "--m=8",
-                        "--config=z12.nw8.ug2.nb1.pipe3.s1", "--save", "--replays=5",
-                        "--launches=16", "--rotate_mb=256"});
+  const Result r =
+      Run({"tune", "--shape=4096x8192", "--m=8", "--config=z12.nw8.ug2.nb1.pipe3.s1", "--save",
+           "--replays=5", "--launches=16", "--rotate_mb=256", "--json=" + dir_ + "/tune.json"});
   EXPECT_CONTAINS(r.err, "4096x8192's 12-bit weights are uploaded group-major here");
   if (!HasGpu()) {
     // Validated and compiled, then a plain refusal; nothing saved.
@@ -466,7 +466,9 @@ TEST_F(CliTest, TuneOneConfiguration) {
     EXPECT_CONTAINS(r.out, "z12.nw8.ug2.nb1.pipe3.gm.s1 for 4096x8192 m=8: valid; compiled");
     EXPECT_CONTAINS(r.err, "checking and timing need a GPU");
     EXPECT_CONTAINS(r.err, "nothing was saved");
+    EXPECT_CONTAINS(r.err, "no JSON was written");
     EXPECT_FALSE(Exists(dir_ + "/tuning.json"));
+    EXPECT_FALSE(Exists(dir_ + "/tune.json"));
     return;
   }
   EXPECT_EQ(r.rc, 0) << r.out << r.err;
@@ -476,6 +478,7 @@ TEST_F(CliTest, TuneOneConfiguration) {
   ASSERT_TRUE(Exists(dir_ + "/tuning.json"));
   EXPECT_CONTAINS(ReadAll(dir_ + "/tuning.json"), "4096");
   EXPECT_CONTAINS(ReadAll(dir_ + "/tuning.json"), ".gm.");
+  EXPECT_CONTAINS(ReadAll(dir_ + "/tune.json"), "gemvz.tune/1");
 }
 
 TEST_F(CliTest, TuneSpaceFileSkipsBadLinesAndInvalidConfigurations) {

@@ -82,7 +82,7 @@ const std::string& TuneUsage() {
       "  --sweep_format=F    the format --sweep explores: z12 or bf16 (default z12); with --sweep\n"
       "                      only\n"
       "  --space=FILE        sweep the configurations listed in FILE instead, one per line;\n"
-      "                      blank lines and lines starting with # are ignored (implies --sweep)\n"
+      "                      # starts a comment, blank lines are skipped (implies --sweep)\n"
       "  --top=N             ranking lines printed per (shape, m); 0 prints all (default 20)\n"
       "  --save              write the winner of each (shape, m, format), the fastest correct\n"
       "                      configuration measured (the dispatcher's own choice included), to\n"
@@ -563,8 +563,9 @@ int RunTune(const std::vector<std::string>& args) {
                 compiled, arch.c_str(), failed, invalid);
     std::fprintf(stderr,
                  "gemvz tune: checking and timing need a GPU, and none can be used here (%s); "
-                 "nothing was timed%s.\n",
-                 no_gpu.c_str(), absl::GetFlag(FLAGS_save) ? " and nothing was saved" : "");
+                 "nothing was timed%s%s.\n",
+                 no_gpu.c_str(), absl::GetFlag(FLAGS_save) ? ", nothing was saved" : "",
+                 absl::GetFlag(FLAGS_json).empty() ? "" : ", no JSON was written");
     return 1;
   }
 
