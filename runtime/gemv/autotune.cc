@@ -80,13 +80,18 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
   std::vector<KernelConfig> candidates;
   if (space.size() <= cap) {
     candidates = space;
-  } else {  // an even spread over the space, always including the heuristic's choice
+  } else {  // an even spread over the space
     for (size_t i = 0; i < cap; ++i) candidates.push_back(space[i * space.size() / cap]);
   }
+  // Always the heuristic's choice, in the last place when the cap is reached: at most `cap`.
   const KernelConfig heuristic =
       InOrder(HeuristicConfig(shape, s.format, info.limits.sm_count), s.order);
   if (std::find(candidates.begin(), candidates.end(), heuristic) == candidates.end()) {
-    candidates.push_back(heuristic);
+    if (candidates.size() < cap) {
+      candidates.push_back(heuristic);
+    } else {
+      candidates.back() = heuristic;
+    }
   }
   const int candidates_total = static_cast<int>(candidates.size());
   GEMVZ_LOG_INFO("autotune %s %s: %d candidates", std::string(FormatName(s.format)), shape.ToString(),
