@@ -1072,10 +1072,13 @@ TEST(Gemv, AutotuneSkipsFailingCandidatesAndRemembersAFailure) {
   ASSERT_TRUE(heuristic.ok()) << heuristic.status();
   ASSERT_EQ(heuristic->source, "heuristic");
 
-  // Every candidate fails to compile.
+  // Every candidate fails to compile. GEMVZ_AUTOTUNE_MAX = 5 candidates at most, the heuristic's
+  // choice among them.
   int calls = 0;
-  internal::SetAutotuneCandidateHookForTesting([&](const KernelConfig&, internal::AutotuneStage) {
+  std::vector<KernelConfig> tried;
+  internal::SetAutotuneCandidateHookForTesting([&](const KernelConfig& c, internal::AutotuneStage) {
     ++calls;
+    tried.push_back(c);
     return absl::InternalError("test: NVRTC failed");
   });
   ::testing::internal::CaptureStderr();
@@ -1083,6 +1086,9 @@ TEST(Gemv, AutotuneSkipsFailingCandidatesAndRemembersAFailure) {
   const std::string err = ::testing::internal::GetCapturedStderr();
   const int calls_after_first_tuning = calls;
   EXPECT_GT(calls, 0);
+  EXPECT_LE(calls, 5);
+  EXPECT_NE(std::find(tried.begin(), tried.end(), heuristic->config), tried.end())
+      << "the heuristic's " << heuristic->config.ToString() << " was not a candidate";
   EXPECT_EQ(jit_test::CountOccurrences(err, "autotune of"), 1) << err;
   EXPECT_NE(err.find("test: NVRTC failed"), std::string::npos) << err;
   absl::StatusOr<GemvPlan> plan = PlanGemv(p.dm, m);
@@ -1785,15 +1791,21 @@ TEST(Gemv, HostOverheadReport) {
 
 // The same from 1, 2, 4 and 8 threads at once, each on its own stream, few enough calls that no
 // queue fills: how the host cost per call grows with threads, bare and through Gemv. Gemv's locks
-// should serialize no more than the driver's do (no assertion on time; BENCHMARKS.md).
+// should serialize no more than the driver's do (no assertion on time; BENCHMARKS.md). Threads
+// with no current context (Gemv enters the device's for each call) and threads that made it
+// current first (as a program using the CUDA runtime has it).
 TEST(Gemv, HostOverheadThreadsReport) {
   GEMVZ_REQUIRE_GPU();
   const auto& api = **internal::Driver();
   const absl::StatusOr<HostOverheadSetup> made = HostOverheadSetup::Make(1024, 4096);
   ASSERT_TRUE(made.ok()) << made.status();
   const HostOverheadSetup& h = *made;
+  const absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
   constexpr int kCalls = 400;
-  for (int threads : {1, 2, 4, 8}) {
+  for (int run = 0; run < 8; ++run) {
+    const bool current = run >= 4;
+    const int threads = 1 << (run % 4);
     std::vector<CUstream> streams(threads);
     for (CUstream& st : streams)
       ASSERT_EQ(api.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
@@ -1808,6 +1820,7 @@ TEST(Gemv, HostOverheadThreadsReport) {
       std::atomic<bool> go{false};
       for (int t = 0; t < threads; ++t) {
         pool.emplace_back([&, t] {
+          if (current && api.cuCtxSetCurrent(*ctx) != CUDA_SUCCESS) ok = false;
           ready.fetch_add(1);
           while (!go.load()) std::this_thread::yield();
           for (int i = 0; i < kCalls; ++i) {
@@ -1828,9 +1841,10 @@ TEST(Gemv, HostOverheadThreadsReport) {
     const double bare = time_calls([&](CUstream st) { return h.Bare(st) == CUDA_SUCCESS; });
     const double gemv = time_calls([&](CUstream st) { return h.Call(st).ok(); });
     std::printf(
-        "[ info ] %d thread(s), %d calls each, %s: wall time per call and thread: bare "
+        "[ info ] %d thread(s), %d calls each, %s, %s: wall time per call and thread: bare "
         "cuLaunchKernel %.2f us, Gemv %.2f us\n",
-        threads, kCalls, h.plan.config.ToString().c_str(), bare, gemv);
+        threads, kCalls, h.plan.config.ToString().c_str(),
+        current ? "context current" : "no current context", bare, gemv);
     for (CUstream st : streams) {
       ASSERT_TRUE(ReleaseGemvWorkspace(st).ok());
       api.cuStreamDestroy(st);

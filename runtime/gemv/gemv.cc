@@ -85,14 +85,37 @@ std::shared_ptr<Workspace> FindWorkspace(CUcontext ctx, CUstream stream) {
   return it == map.end() ? nullptr : it->second;
 }
 
+// Whether `stream` is being captured into a CUDA graph, asked of the driver at the first Get and
+// only then: a call that neither autotunes nor grows its workspace asks nothing (under many
+// threads each driver call is a turn at the driver's lock; a launch is one already).
+class CaptureQuery {
+ public:
+  explicit CaptureQuery(CUstream stream) : stream_(stream) {}
+  absl::StatusOr<bool> Get() {
+    if (!known_) {
+      CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+      CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream_, &status));
+      capturing_ = status != CU_STREAM_CAPTURE_STATUS_NONE;
+      known_ = true;
+    }
+    return capturing_;
+  }
+
+ private:
+  CUstream stream_;
+  bool known_ = false;
+  bool capturing_ = false;
+};
+
 // Grows `buf` to at least `bytes` (at least doubling it), retiring the old buffer into
 // `retired` rather than freeing it. Growth during graph capture is refused: an allocation there
 // would not be replayed. `zero` clears new memory (semaphores must start at zero) on `stream`,
 // ahead of the kernel that will use it (a plain cuMemsetD8 goes to the legacy default stream,
 // which a non-blocking stream does not wait for). On failure `buf` is unchanged.
-absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, bool capturing,
+absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, CaptureQuery& capture,
                     CUstream stream, std::vector<RetiredBuffer>* retired) {
   if (have >= bytes) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const bool capturing, capture.Get());
   if (capturing) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Gemv needs a larger workspace (", bytes, " bytes) while the stream is being captured; "
@@ -116,13 +139,6 @@ absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, boo
   buf = fresh;
   have = alloc;
   return absl::OkStatus();
-}
-
-// Whether `stream` is being captured into a CUDA graph.
-absl::StatusOr<bool> StreamCapturing(CUstream stream) {
-  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream, &capture));
-  return capture != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 // The stream's workspace, made on its first call.
@@ -291,12 +307,17 @@ absl::StatusOr<Pdl> PdlFromEnv(const std::optional<std::string>& value) {
       absl::StrCat("GEMVZ_PDL must be 0, 1 (or auto) or always, not '", *value, "'"));
 }
 
-absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, int64_t chunk_m,
-                           const uint16_t* x, int64_t m, void* out, bool fp32_out,
-                           CUstream stream, Pdl pdl_mode) {
+namespace {
+
+// LaunchPlanned inside the matrix's device's context, entered by the caller, with the caller's
+// query of whether `stream` is being captured: Gemv enters and asks once for its checks and its
+// launch.
+absl::Status LaunchPlannedEntered(const DeviceMatrix& w, const KernelConfig& config,
+                                  int64_t chunk_m, const uint16_t* x, int64_t m, void* out,
+                                  bool fp32_out, CUstream stream, Pdl pdl_mode,
+                                  const ScopedDeviceContext& scope, CaptureQuery& capture) {
   const DeviceMatrixState& s = *w.state();
   RETURN_IF_ERROR(CheckOrder(config, s, "launch"));
-  ASSIGN_OR_RETURN(auto scope, ScopedDeviceContext::Enter(s.device));
   ASSIGN_OR_RETURN(LoadedKernel kernel, GetKernel(s.device, config));
   const int64_t row_blocks = Rows16(s) / 16;
   // One CTA per RB row blocks; z12 adds one CTA per dense row, before them. The split-K partials
@@ -316,7 +337,6 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
     pdl = info.limits.cc_major >= 9 && driver->cuLaunchKernelEx != nullptr &&
           (pdl_mode == Pdl::kAlways || grid_x * config.splits * 10 >= slots * kPdlMinFillTenths);
   }
-  ASSIGN_OR_RETURN(const bool capturing, StreamCapturing(stream));
 
   const int64_t k64 = Cols64(s);
   const LockedWorkspace locked(scope.context(), stream);  // growth and use, in order
@@ -324,16 +344,16 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
   if (config.splits > 1) {
     const size_t ws_bytes =
         static_cast<size_t>(row_blocks) * config.splits * config.nb * 32 * 16;
-    RETURN_IF_ERROR(Ensure(ws->ws, ws->ws_bytes, ws_bytes, false, capturing, stream, &ws->retired));
+    RETURN_IF_ERROR(Ensure(ws->ws, ws->ws_bytes, ws_bytes, false, capture, stream, &ws->retired));
     RETURN_IF_ERROR(Ensure(ws->sem, ws->sem_bytes, static_cast<size_t>(row_blocks) * 4, true,
-                           capturing, stream, &ws->retired));
+                           capture, stream, &ws->retired));
   }
   // Plain BF16 with K not a multiple of 64: x is copied into a zero-padded [m, K64] buffer.
   const uint16_t* xk = x;
   int64_t ldx = s.cols;
   if (CopiesX(s)) {
     RETURN_IF_ERROR(Ensure(ws->xpad, ws->xpad_bytes, static_cast<size_t>(m * k64 * 2), false,
-                           capturing, stream, &ws->retired));
+                           capture, stream, &ws->retired));
     CU_RETURN_IF_ERROR(cuMemsetD8Async(ws->xpad, 0, static_cast<size_t>(m * k64 * 2), stream));
     CUDA_MEMCPY2D c;
     std::memset(&c, 0, sizeof(c));
@@ -410,6 +430,17 @@ absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, in
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status LaunchPlanned(const DeviceMatrix& w, const KernelConfig& config, int64_t chunk_m,
+                           const uint16_t* x, int64_t m, void* out, bool fp32_out, CUstream stream,
+                           Pdl pdl_mode) {
+  ASSIGN_OR_RETURN(auto scope, ScopedDeviceContext::Enter(w.state()->device));
+  CaptureQuery capture(stream);
+  return LaunchPlannedEntered(w, config, chunk_m, x, m, out, fp32_out, stream, pdl_mode, scope,
+                              capture);
+}
+
 Z12Params Z12MatrixParams(const DeviceMatrixState& s) {
   Z12Params p{};
   p.w = reinterpret_cast<const void*>(s.weights);
@@ -475,29 +506,34 @@ absl::Status GemvAny(const DeviceMatrix& w, const uint16_t* x, int64_t m, void* 
     return absl::InvalidArgumentError(absl::StrCat("Gemv: out (at 0x", absl::Hex(out_at),
                                                    ") must be ", out_align, "-byte aligned"));
   }
-  // Autotuning launches and allocates: never while the caller's stream is being captured.
-  bool capturing = false;
-  {
-    ASSIGN_OR_RETURN(auto scope, internal::ScopedDeviceContext::Enter(w.device()));
-    // A DeviceMatrix belongs to one device: a stream of another device's context is refused.
-    ASSIGN_OR_RETURN(const bool same, StreamOnContext(stream, scope.context()));
-    if (!same) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Gemv: the matrix lives on device ", w.device(),
-          " but the stream belongs to another device's context; upload the matrix to that "
-          "device (DeviceMatrix::Upload(packed, device)) or use a stream of device ",
-          w.device()));
-    }
-    ASSIGN_OR_RETURN(capturing, internal::StreamCapturing(stream));
+  // The context stays entered from the checks through the launch: one entry a call (a driver
+  // call, and threads calling at once meet in the driver).
+  ASSIGN_OR_RETURN(auto scope, internal::ScopedDeviceContext::Enter(w.device()));
+  // A DeviceMatrix belongs to one device: a stream of another device's context is refused.
+  ASSIGN_OR_RETURN(const bool same, StreamOnContext(stream, scope.context()));
+  if (!same) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gemv: the matrix lives on device ", w.device(),
+        " but the stream belongs to another device's context; upload the matrix to that "
+        "device (DeviceMatrix::Upload(packed, device)) or use a stream of device ",
+        w.device()));
   }
-  ASSIGN_OR_RETURN(GemvPlan plan, internal::PlanGemvInternal(w, m, options, !capturing));
+  // Autotuning launches and allocates: never while the caller's stream is being captured.
+  internal::CaptureQuery capture(stream);
+  bool allow_autotune = false;
+  if (internal::AutotuneEnabled()) {
+    ASSIGN_OR_RETURN(const bool capturing, capture.Get());
+    allow_autotune = !capturing;
+  }
+  ASSIGN_OR_RETURN(GemvPlan plan, internal::PlanGemvInternal(w, m, options, allow_autotune));
   Pdl pdl = Pdl::kOff;
   if (options.pdl) {
     pdl = *options.pdl;
   } else {
     ASSIGN_OR_RETURN(pdl, internal::PdlFromEnv(internal::GetEnv("GEMVZ_PDL")));
   }
-  return internal::LaunchPlanned(w, plan.config, plan.chunk_m, x, m, out, fp32_out, stream, pdl);
+  return internal::LaunchPlannedEntered(w, plan.config, plan.chunk_m, x, m, out, fp32_out, stream,
+                                        pdl, scope, capture);
 }
 
 }  // namespace
@@ -519,7 +555,7 @@ absl::StatusOr<int64_t> GemvWorkspaceBytes(CUstream_st* stream, int device) {
 
 absl::Status ReleaseGemvWorkspace(CUstream_st* stream, int device) {
   ASSIGN_OR_RETURN(auto scope, EnterForStream(stream, device, "ReleaseGemvWorkspace"));
-  ASSIGN_OR_RETURN(const bool capturing, internal::StreamCapturing(stream));
+  ASSIGN_OR_RETURN(const bool capturing, internal::CaptureQuery(stream).Get());
   if (capturing) {
     return absl::FailedPreconditionError(
         "ReleaseGemvWorkspace: the stream is being captured; the graph being captured would use "
