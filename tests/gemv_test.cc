@@ -795,6 +795,40 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
   ReplayAndCheck(g, p, x, &dout, m, 3);
 }
 
+// The first split-K call on a stream that is being captured would allocate the stream's workspace
+// inside the capture: refused, naming the remedy, with nothing enqueued (the capture ends with an
+// empty graph). Outside the capture the same call sizes the workspace and runs right.
+TEST(Gemv, CaptureRefusesToGrowTheWorkspace) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 1024, k = 4096, m = 8;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};  // split-K
+  ASSERT_EQ(p.Check(m, opt, seed), "");  // the kernel loaded, on the legacy stream
+  auto x = testing::RandomActivations(m, k, seed);
+  DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
+  dx.Upload(x.data(), x.size() * 2);
+  CUstream stream = nullptr;
+  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  const absl::Status st = Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  size_t nodes = 0;
+  EXPECT_EQ(api.cuGraphGetNodes(graph, nullptr, &nodes), CUDA_SUCCESS);
+  EXPECT_EQ(nodes, 0u) << "the refused call enqueued work into the graph";
+  api.cuGraphDestroy(graph);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("while the stream is being captured"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("run the same call once on this stream before capturing it"),
+            std::string::npos)
+      << st;
+  EXPECT_EQ(p.Check(m, opt, seed + 1, nullptr, stream), "");
+  EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());
+  api.cuStreamDestroy(stream);
+}
+
 // The flags a Gemv call gave its kernel (Z12Params or Bf16Params::flags), read from the one kernel
 // node of a graph that captured the call; -1 (with the failure recorded) when that went wrong.
 int CapturedFlags(const Problem& p, int64_t m, const GemvOptions& opt) {
@@ -1057,6 +1091,48 @@ TEST(Gemv, AutotuneOnFirstUsePersistsTheWinner) {
   EXPECT_EQ(after->source, "tuning-file");
   EXPECT_EQ(after->config, entry.config);
   EXPECT_EQ(p.Check(m, {}, seed + 1), "");  // and again, from the file's choice
+}
+
+// GEMVZ_AUTOTUNE=1 and a shape that no table knows, first planned while its stream is being
+// captured: no candidate is compiled or timed there (timing launches and allocates); the call runs
+// the heuristic's plan into the graph. The next call after the capture tunes the shape.
+TEST(Gemv, AutotuneWaitsForTheCaptureToEnd) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  const ScopedAutotune tuning("3");
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 2304, k = 2048, m = 2;  // no table has 2304x2048
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  const absl::StatusOr<GemvPlan> heuristic = internal::PlanGemvInternal(p.dm, m, {}, false);
+  ASSERT_TRUE(heuristic.ok()) << heuristic.status();
+  ASSERT_EQ(heuristic->source, "heuristic");
+  int calls = 0;
+  internal::SetAutotuneCandidateHookForTesting([&](const KernelConfig&, internal::AutotuneStage) {
+    ++calls;
+    return absl::OkStatus();
+  });
+  auto x = testing::RandomActivations(m, k, seed);
+  DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
+  dx.Upload(x.data(), x.size() * 2);
+  CUstream stream = nullptr;
+  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  // The heuristic's kernel loaded and this stream's workspace sized, forced, so with no tuning.
+  ASSERT_EQ(p.Check(m, GemvOptions{heuristic->config}, seed, nullptr, stream), "");
+  ASSERT_EQ(calls, 0);
+  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  const absl::Status st = Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  size_t nodes = 0;
+  EXPECT_EQ(api.cuGraphGetNodes(graph, nullptr, &nodes), CUDA_SUCCESS);
+  api.cuGraphDestroy(graph);
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(calls, 0) << "candidates were compiled or timed during the capture";
+  EXPECT_EQ(nodes, 1u) << "the captured call should be the heuristic's one launch";
+  EXPECT_EQ(p.Check(m, {}, seed + 1, nullptr, stream), "");
+  EXPECT_GT(calls, 0) << "the shape was not tuned after the capture";
+  EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());
+  api.cuStreamDestroy(stream);
 }
 
 // A candidate that fails is skipped and the rest still tune; when every candidate fails, Gemv

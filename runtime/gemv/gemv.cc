@@ -115,8 +115,8 @@ class CaptureQuery {
 absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, CaptureQuery& capture,
                     CUstream stream, std::vector<RetiredBuffer>* retired) {
   if (have >= bytes) return absl::OkStatus();
-  ASSIGN_OR_RETURN(const bool capturing, capture.Get());
-  if (capturing) {
+  ASSIGN_OR_RETURN(const bool captured, capture.Get());
+  if (captured) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Gemv needs a larger workspace (", bytes, " bytes) while the stream is being captured; "
         "run the same call once on this stream before capturing it"));
