@@ -84,7 +84,9 @@ struct PackProgress {
 struct CheckpointPackOptions {
   int threads = 0;      // 0: all hardware threads
   bool verify = false;  // re-read every written file, unpack every tensor and compare its bits
-  // A 2-D BF16 tensor with Inf/NaN is an error by default; with this it is kept unpacked instead.
+  // A tensor that would be packed (2-D BF16 of a shape CheckPackableShape accepts) holding Inf or
+  // NaN is an error by default; with this it is kept unpacked instead. Every other tensor is
+  // copied as it is, non-finite values included.
   bool keep_nonfinite = false;
   // Called from the packing thread between steps (often; keep it cheap).
   std::function<void(const PackProgress&)> progress;

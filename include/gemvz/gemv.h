@@ -1,5 +1,6 @@
 // The product: out[m, N] = x[m, K] * W[N, K]^T on one GPU, with W in the 12-bit format (or plain
-// BF16 where it cannot be compressed). BF16 in, BF16 out, FP32 accumulation, deterministic.
+// BF16 where it cannot be compressed). BF16 in, BF16 out, FP32 accumulation, deterministic for
+// a given configuration (GemvPlan; a shape's plan changes only when a tuning file is saved).
 #pragma once
 
 #include <cstdint>
@@ -95,11 +96,14 @@ struct GemvOptions {
 // (nullptr: the legacy default stream). Any m >= 1: above 32 rows, in ceil(m / 32) launches of
 // equal rows (m = 40: two of 20; more where the chosen kernel takes fewer rows, GemvPlan), each
 // reading all the weights, so beyond 32 rows a BF16 GEMM is the faster tool (docs/BENCHMARKS.md,
-// "Above m = 16"). Asynchronous; capturable in a CUDA graph. Safe to call concurrently on
-// different streams; each stream's workspace has its own lock, so a thread blocked launching
-// into a full stream holds up only that stream's calls. x must be 16-byte aligned (2-byte for a
-// plain BF16 matrix whose K is not a multiple of 64) and out aligned to its element; cudaMalloc's
-// pointers are. A misaligned one is InvalidArgument, before anything is launched.
+// "Above m = 16"). Asynchronous; capturable in a CUDA graph, where a call needs no more workspace
+// than the stream has: the first split-K call of a size on a stream (or on a plain BF16 matrix
+// whose K is not a multiple of 64) must run once outside the capture, or the capture gets
+// FailedPrecondition saying so. Safe to call concurrently on different streams; each stream's
+// workspace has its own lock, so a thread blocked launching into a full stream holds up only that
+// stream's calls. x must be 16-byte aligned (2-byte for a plain BF16 matrix whose K is not a
+// multiple of 64) and out aligned to its element; cudaMalloc's pointers are. A misaligned one is
+// InvalidArgument, before anything is launched.
 absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t* out,
                   CUstream_st* stream, const GemvOptions& options = {});
 

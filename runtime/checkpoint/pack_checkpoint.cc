@@ -109,8 +109,10 @@ class Driver {
                           SafetensorsWriter& writer, TensorPackReport& r);
   absl::Status CopyTensor(const SafetensorsFile& in, const SafetensorsEntry& e,
                           SafetensorsWriter& writer, const std::string& stage_name);
+  // `*verifying` is the tensor being compared, for a caller that reports running out of memory.
   absl::Status Verify(const SafetensorsFile& in, const std::vector<TensorPlan>& plans,
-                      const std::string& temp_path, size_t first_report);
+                      const std::string& temp_path, size_t first_report,
+                      const SafetensorsEntry** verifying);
 
   const CheckpointPackOptions& options_;
   CheckpointPackReport& report_;
@@ -193,7 +195,8 @@ absl::Status Driver::PackTensor(const SafetensorsFile& in, const TensorPlan& pla
 }
 
 absl::Status Driver::Verify(const SafetensorsFile& in, const std::vector<TensorPlan>& plans,
-                            const std::string& temp_path, size_t first_report) {
+                            const std::string& temp_path, size_t first_report,
+                            const SafetensorsEntry** verifying) {
   // Reopened the way any reader would: a header the writer got wrong fails here.
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> out, SafetensorsFile::Open(temp_path));
   const std::string where =
@@ -202,6 +205,7 @@ absl::Status Driver::Verify(const SafetensorsFile& in, const std::vector<TensorP
   for (size_t i = 0; i < plans.size(); ++i) {
     const SafetensorsEntry& e = *plans[i].entry;
     TensorPackReport& r = report_.tensors[first_report + i];
+    *verifying = &e;
     Progress(e.name, "verify");
     if (r.packed) {
       auto m = out->metadata().find(absl::StrCat(internal::kMetaTensorPrefix, e.name));
@@ -362,11 +366,16 @@ absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_
   RETURN_IF_ERROR(writer->Finish());
   if (options_.verify) {
     absl::Status verified;
+    const SafetensorsEntry* verifying = nullptr;
     try {
-      verified = Verify(in, plans, writer->temp_path(), first_report);
+      verified = Verify(in, plans, writer->temp_path(), first_report, &verifying);
     } catch (const std::bad_alloc&) {
-      verified = absl::ResourceExhaustedError(
-          absl::StrCat("'", in.path(), "': out of host memory while verifying its packed copy"));
+      verified = absl::ResourceExhaustedError(absl::StrCat(
+          "'", in.path(), "'",
+          verifying == nullptr ? std::string()
+                               : absl::StrCat(", tensor '", internal::Escaped(verifying->name),
+                                              "' ", ShapeString(verifying->shape)),
+          ": out of host memory while verifying its packed copy"));
     }
     RETURN_IF_ERROR(verified);
   }
