@@ -57,6 +57,34 @@ INSTANTIATE_TEST_SUITE_P(Distributions, RoundTrip,
                                            Distribution::kFullRange, Distribution::kSparseZeros,
                                            Distribution::kTiny));
 
+// FloatToBf16 (format.h): round to nearest, ties to even, NaN kept quiet (and still NaN), Inf and
+// zeros kept with their sign, overflow to Inf.
+TEST(Format, FloatToBf16RoundsToNearestEvenAndKeepsNaN) {
+  auto from_bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  EXPECT_EQ(FloatToBf16(from_bits(0x3F808000u)), 0x3F80);  // a tie, down to the even
+  EXPECT_EQ(FloatToBf16(from_bits(0x3F818000u)), 0x3F82);  // a tie, up to the even
+  EXPECT_EQ(FloatToBf16(from_bits(0x3F808001u)), 0x3F81);  // above the tie
+  EXPECT_EQ(FloatToBf16(from_bits(0x3F807FFFu)), 0x3F80);  // below it
+  EXPECT_EQ(FloatToBf16(from_bits(0xBF818000u)), 0xBF82);  // the sign apart, the same
+  EXPECT_EQ(FloatToBf16(from_bits(0x7F7FFFFFu)), 0x7F80);  // FLT_MAX rounds up to Inf
+  EXPECT_EQ(FloatToBf16(from_bits(0x7F800000u)), 0x7F80);
+  EXPECT_EQ(FloatToBf16(from_bits(0xFF800000u)), 0xFF80);
+  EXPECT_EQ(FloatToBf16(from_bits(0x80000000u)), 0x8000);
+  EXPECT_EQ(FloatToBf16(from_bits(0x00000001u)), 0x0000);  // the least subnormal, to zero
+  // A signalling NaN whose payload lies only in the low 16 bits: truncated, it would be Inf.
+  EXPECT_EQ(FloatToBf16(from_bits(0x7F800001u)), 0x7FC0);
+  EXPECT_EQ(FloatToBf16(from_bits(0xFF800001u)), 0xFFC0);
+  EXPECT_EQ(FloatToBf16(from_bits(0x7FC00000u)), 0x7FC0);
+  EXPECT_EQ(FloatToBf16(from_bits(0x7FFFFFFFu)), 0x7FFF);  // no rounding carry into the sign
+  for (uint32_t u : {0x7F800001u, 0x7FBFFFFFu, 0xFFFFFFFFu}) {
+    EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(from_bits(u))))) << std::hex << u;
+  }
+}
+
 TEST(Format, LargeMatrixRoundTrip) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gemvz/dispatch.h"
 #include "gemvz/runtime.h"
@@ -323,7 +324,14 @@ TEST(Gemv, OddShapesGoToThePlainPath) {
     const Problem p = Problem::Make(n, k, testing::RandomMatrix(n, k, Distribution::kNormal, seed));
     EXPECT_EQ(p.dm.format(), WeightFormat::kBf16);
     EXPECT_FALSE(p.dm.fallback_reason().empty());
+    EXPECT_EQ(p.dm.weight_bytes(), 2 * n * k);  // gemv.h: 2 x rows x cols for plain BF16
     for (int64_t m : {1, 5, 16, 40}) EXPECT_EQ(p.Check(m, {}, seed + m), "") << n << "x" << k;
+    // Asked plain: no fallback, so no reason.
+    const Problem asked = Problem::Make(n, k, p.w, /*plain=*/true);
+    EXPECT_EQ(asked.dm.format(), WeightFormat::kBf16);
+    EXPECT_EQ(asked.dm.order(), WeightOrder::kBlockMajor);
+    EXPECT_TRUE(asked.dm.fallback_reason().empty()) << asked.dm.fallback_reason();
+    EXPECT_EQ(asked.dm.weight_bytes(), 2 * n * k);
   }
 }
 
@@ -979,6 +987,73 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
 
   api.cuStreamDestroy(stream);
   EXPECT_FALSE(ReleaseGemvWorkspace(nullptr, 99).ok());  // no such device
+}
+
+// ReleaseGemvWorkspace racing Gemv on the same stream (gemv.h): each call either launches first,
+// and the release waits for it, or allocates afresh. Every call succeeds with the right result
+// (none ran on a freed workspace), every release succeeds, and a last one leaves nothing held.
+TEST(Gemv, ReleaseRacingCallsOnTheSameStream) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 1024, k = 4096, m = 8;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};  // split-K: a workspace
+  const auto x = testing::RandomActivations(m, k, seed);
+  std::vector<double> ref, abs_sum;
+  testing::ReferenceGemv(p.w, x, m, n, k, &ref, &abs_sum);
+  DeviceBuffer dx(x.size() * 2);
+  dx.Upload(x.data(), x.size() * 2);
+  constexpr int kCalls = 300;
+  std::vector<std::unique_ptr<DeviceBuffer>> outs;  // one poisoned output a call
+  for (int i = 0; i < kCalls; ++i) {
+    outs.push_back(std::make_unique<DeviceBuffer>(m * n * 2));
+    outs.back()->Fill16(kPoison);
+  }
+  testing::Synchronize();
+  absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  ASSERT_EQ(api.cuCtxSetCurrent(*ctx), CUDA_SUCCESS);
+  CUstream stream = nullptr;
+  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+
+  std::atomic<bool> done{false};
+  std::atomic<int> releases{0};
+  absl::Mutex mu;
+  absl::Status release_failure;
+  std::thread releaser([&] {
+    while (!done.load()) {
+      absl::Status st = ReleaseGemvWorkspace(stream);
+      if (!st.ok()) {
+        absl::MutexLock lock(&mu);
+        release_failure = st;
+      }
+      releases.fetch_add(1);
+    }
+  });
+  std::vector<absl::Status> calls(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    calls[i] = Gemv(p.dm, dx.as<uint16_t>(), m, outs[i]->as<uint16_t>(), stream, opt);
+  }
+  done = true;
+  releaser.join();
+  ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
+  EXPECT_TRUE(release_failure.ok()) << release_failure;
+  EXPECT_GT(releases.load(), 0);
+  int wrong = 0;
+  for (int i = 0; i < kCalls && wrong < 3; ++i) {
+    EXPECT_TRUE(calls[i].ok()) << "call " << i << ": " << calls[i];
+    std::vector<uint16_t> got(m * n);
+    outs[i]->Download(got.data(), got.size() * 2);
+    const std::string diff = testing::CompareToReference(got, ref, abs_sum, m, n);
+    EXPECT_EQ(diff, "") << "call " << i;
+    if (!diff.empty() || !calls[i].ok()) ++wrong;
+  }
+  EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());
+  absl::StatusOr<int64_t> held = GemvWorkspaceBytes(stream);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(*held, 0);
+  api.cuStreamDestroy(stream);
 }
 
 // With two GPUs: a stream of device 1 is refused for a matrix on device 0 (Gemv) and for device

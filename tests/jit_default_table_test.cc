@@ -9,6 +9,7 @@
 #include "gemvz/dispatch.h"
 #include "gemvz/runtime.h"
 #include "gtest/gtest.h"
+#include "runtime/cuda/driver.h"
 #include "runtime/jit/kernel_cache.h"
 #include "tests/support/jit_test_util.h"
 
@@ -81,6 +82,37 @@ TEST(DefaultTableTest, PrecompileAllRefusesAnInvalidListBeforeCompilingAnything)
   ASSERT_FALSE(r.ok());
   EXPECT_NE(std::string(r.status().message()).find("NW >= NB"), std::string::npos);
   EXPECT_EQ(GetJitCounters().compiles, before.compiles);
+}
+
+// An empty arch: $GEMVZ_ARCH, else GPU 0's, else sm_90; a bad GEMVZ_ARCH is named.
+TEST(DefaultTableTest, PrecompileWithNoArchTakesTheDefault) {
+  TempDir dir;
+  ScopedEnv cache_dir("GEMVZ_CACHE_DIR", dir.path());
+  {
+    ScopedEnv arch("GEMVZ_ARCH", "sm_90a");
+    absl::StatusOr<PrecompileResult> r = Precompile(KernelConfig{}, "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->arch, "sm_90a");
+  }
+  {
+    ScopedEnv arch("GEMVZ_ARCH", std::nullopt);
+    absl::StatusOr<std::string> own = internal::DefaultArch(0);  // GPU 0's, else sm_90
+    ASSERT_TRUE(own.ok()) << own.status();
+    if (internal::DeviceCount() == 0) EXPECT_EQ(*own, "sm_90");
+    absl::StatusOr<PrecompileResult> r = Precompile(KernelConfig{}, "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->arch, *own);
+    absl::StatusOr<std::vector<PrecompileResult>> all = PrecompileAll({KernelConfig{}}, "", 1);
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ((*all)[0].arch, *own);
+  }
+  {
+    ScopedEnv arch("GEMVZ_ARCH", "sm_foo");
+    absl::StatusOr<PrecompileResult> r = Precompile(KernelConfig{}, "");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(std::string(r.status().message()).find("GEMVZ_ARCH"), std::string::npos)
+        << r.status();
+  }
 }
 
 }  // namespace
