@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -26,6 +27,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -319,6 +321,66 @@ TEST(CheckpointTest, PacksVerifiesAndReloadsASyntheticCheckpoint) {
   absl::StatusOr<std::vector<uint16_t>> e = plain->GetBf16("model.embed_tokens.weight");
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(Bf16Bytes(*e), shards[0][0].bytes);
+}
+
+// PackedCheckpoint is thread-safe (checkpoint.h), and its readers give back what they read to the
+// kernel as they go (madvise on the shared mapping): copies of one checkpoint read by 8 threads
+// at once, each tensor many times over, packed and kept, every read bit for bit the original.
+TEST(CheckpointTest, ReadersOnManyThreadsAtOnce) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(seed);
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const auto shards = SyntheticShards(seed);
+  const std::vector<std::string> inputs = {dir + "/a.safetensors", dir + "/b.safetensors"};
+  WriteCheckpoint(inputs[0], shards[0]);
+  WriteCheckpoint(inputs[1], shards[1]);
+  const std::string out = dir + "/packed";
+  ASSERT_TRUE(PackCheckpoint(inputs, out, {}).ok());
+  absl::StatusOr<PackedCheckpoint> opened = PackedCheckpoint::Open(out);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::map<std::string, const Tensor*> expected;
+  for (const auto& shard : shards) {
+    for (const auto& t : shard) expected[t.name] = &t;
+  }
+  constexpr int kThreads = 8, kRounds = 6;
+  std::atomic<int> reads{0};
+  std::vector<std::string> failures(kThreads);
+  std::vector<std::thread> pool;
+  for (int i = 0; i < kThreads; ++i) {
+    pool.emplace_back([&, i, ckpt = *opened] {  // a copy each: shared state
+      auto fail = [&](const std::string& what) {
+        if (failures[i].empty()) failures[i] = what;
+      };
+      for (int round = 0; round < kRounds; ++round) {
+        // Each thread walks the tensors from its own starting point.
+        const auto& all = ckpt.tensors();
+        for (size_t j = 0; j < all.size(); ++j) {
+          const TensorInfo& info = all[(j + static_cast<size_t>(i)) % all.size()];
+          const Tensor& t = *expected.at(info.name);
+          if (t.expect_packed) {
+            absl::StatusOr<PackedMatrix> p = ckpt.GetPacked(info.name);
+            absl::StatusOr<std::vector<uint16_t>> back =
+                p.ok() ? Unpack(*p) : absl::StatusOr<std::vector<uint16_t>>(p.status());
+            if (!back.ok() || Bf16Bytes(*back) != t.bytes) fail("GetPacked " + info.name);
+          } else {
+            absl::StatusOr<TensorView> v = ckpt.GetRaw(info.name);
+            if (!v.ok() ||
+                std::string(reinterpret_cast<const char*>(v->data), v->size) != t.bytes) {
+              fail("GetRaw " + info.name);
+            }
+          }
+          if (t.dtype == "BF16") {
+            absl::StatusOr<std::vector<uint16_t>> bits = ckpt.GetBf16(info.name);
+            if (!bits.ok() || Bf16Bytes(*bits) != t.bytes) fail("GetBf16 " + info.name);
+          }
+          reads.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  for (int i = 0; i < kThreads; ++i) EXPECT_EQ(failures[i], "") << "thread " << i;
+  EXPECT_EQ(reads.load(), kThreads * kRounds * static_cast<int>(expected.size()));
 }
 
 // A packed checkpoint's tensors on the GPU (PackedCheckpoint::GetDevice): each the tensor named
