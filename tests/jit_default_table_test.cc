@@ -84,6 +84,39 @@ TEST(DefaultTableTest, PrecompileAllRefusesAnInvalidListBeforeCompilingAnything)
   EXPECT_EQ(GetJitCounters().compiles, before.compiles);
 }
 
+// PrecompileAll returns the first error, and then starts no new configuration (runtime.h): with
+// every compile failing, each of the 2 workers fails once and stops, so of 24 configurations at
+// most 2 are tried and none is reported done. sm_90f passes the library's check of the name, but
+// CUDA 13's NVRTC refuses it at compile time.
+TEST(DefaultTableTest, PrecompileAllStopsAtTheFirstFailedCompile) {
+  TempDir dir;
+  ScopedEnv cache_dir("GEMVZ_CACHE_DIR", dir.path());
+  KernelConfig probe;
+  probe.nw = 3;
+  if (Precompile(probe, "sm_90f").ok()) {
+    GTEST_SKIP() << "this NVRTC compiles for sm_90f: no architecture here fails at compile time";
+  }
+  std::vector<KernelConfig> configs;
+  for (int nw = 2; nw <= 9; ++nw)
+    for (int ug = 1; ug <= 3; ++ug) {
+      KernelConfig c;
+      c.nw = nw;
+      c.ug = ug;
+      ASSERT_TRUE(ValidateConfig(c).ok()) << c.ToString();
+      configs.push_back(c);
+    }
+  const JitCounters before = GetJitCounters();
+  int reported = 0;
+  absl::StatusOr<std::vector<PrecompileResult>> r =
+      PrecompileAll(configs, "sm_90f", 2, [&](int, int, const PrecompileResult&) { ++reported; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("sm_90f"), std::string::npos) << r.status();
+  const int64_t failures = GetJitCounters().compile_failures - before.compile_failures;
+  EXPECT_GE(failures, 1);
+  EXPECT_LE(failures, 2) << "configurations were started after the first failure";
+  EXPECT_EQ(reported, 0);
+}
+
 // An empty arch: $GEMVZ_ARCH, else GPU 0's, else sm_90; a bad GEMVZ_ARCH is named.
 TEST(DefaultTableTest, PrecompileWithNoArchTakesTheDefault) {
   TempDir dir;
