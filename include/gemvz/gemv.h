@@ -1,6 +1,7 @@
 // The product: out[m, N] = x[m, K] * W[N, K]^T on one GPU, with W in the 12-bit format (or plain
 // BF16 where it cannot be compressed). BF16 in, BF16 out, FP32 accumulation, deterministic for
-// a given configuration (GemvPlan; a shape's plan changes only when a tuning file is saved).
+// a given configuration (GemvPlan; a shape's plan changes only when a tuning file is saved or
+// GEMVZ_AUTOTUNE first tunes the shape, which no call during a capture does).
 #pragma once
 
 #include <cstdint>
@@ -93,7 +94,8 @@ struct GemvOptions {
 };
 
 // out[m, N] (device, BF16, row-major) = x[m, K] (device, BF16, row-major) times W^T, on `stream`
-// (nullptr: the legacy default stream). Any m >= 1: above 32 rows, in ceil(m / 32) launches of
+// (nullptr: the legacy default stream, refused with FailedPrecondition while a blocking stream of
+// its context is being captured). Any m >= 1: above 32 rows, in ceil(m / 32) launches of
 // equal rows (m = 40: two of 20; more where the chosen kernel takes fewer rows, GemvPlan), each
 // reading all the weights, so beyond 32 rows a BF16 GEMM is the faster tool (docs/BENCHMARKS.md,
 // "Above m = 16"). Asynchronous; capturable in a CUDA graph, where a call needs no more workspace

@@ -264,6 +264,7 @@ absl::Status Driver::Verify(const SafetensorsFile& in, const std::vector<TensorP
     r.verified = true;
     bytes_done_ += static_cast<int64_t>(e.end - e.begin);
   }
+  *verifying = nullptr;  // past the last tensor
   Progress("", "verify");
   if (out->tensors().size() != parts) {
     return absl::DataLossError(absl::StrCat(where, ": ", out->tensors().size(),

@@ -190,11 +190,26 @@ void SetAutotuneCandidateHookForTesting(AutotuneHook hook) {
   CandidateHook() = std::move(hook);
 }
 
+namespace {
+TuneKey KeyOf(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& info) {
+  const DeviceMatrixState& s = *w.state();
+  return TuneKey{info.arch, info.name, static_cast<int>(s.format), shape.m,
+                 shape.n,   shape.k,   static_cast<int>(s.order)};
+}
+}  // namespace
+
+std::optional<GemvPlan> AutotunedBefore(const DeviceMatrix& w, const GemvShape& shape,
+                                        const DeviceInfo& info) {
+  const TuneKey key = KeyOf(w, shape, info);
+  absl::MutexLock lock(&tune_mu);
+  if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
+  return std::nullopt;
+}
+
 GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& info,
                   const GemvPlan& fallback) {
   const DeviceMatrixState& s = *w.state();
-  const TuneKey key{info.arch, info.name, static_cast<int>(s.format), shape.m,
-                    shape.n,   shape.k,   static_cast<int>(s.order)};
+  const TuneKey key = KeyOf(w, shape, info);
   absl::MutexLock lock(&tune_mu);  // one tuning at a time; the others wait for its answer
   if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
   float best_ms = 0;

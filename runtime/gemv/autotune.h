@@ -24,6 +24,12 @@ bool AutotuneEnabled();
 GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& info,
                   const GemvPlan& fallback);
 
+// The plan Autotune answered for `shape` on `w` earlier in this process (its winner, or the
+// fallback it kept after a failure), without tuning; nullopt if it has not tuned it. Gemv asks it
+// while the stream is being captured, so that a graph runs what eager calls run.
+std::optional<GemvPlan> AutotunedBefore(const DeviceMatrix& w, const GemvShape& shape,
+                                        const DeviceInfo& info);
+
 // Tests: `hook` runs for each candidate once compiled (kCompile) and before its launches
 // (kLaunch), and fails that candidate there with its error (empty: none). And: forget every
 // shape tuned in this process.

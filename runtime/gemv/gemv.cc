@@ -93,8 +93,17 @@ class CaptureQuery {
   explicit CaptureQuery(CUstream stream) : stream_(stream) {}
   absl::StatusOr<bool> Get() {
     if (!known_) {
+      ASSIGN_OR_RETURN(const DriverApi* driver, Driver());
       CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-      CU_RETURN_IF_ERROR(cuStreamIsCapturing(stream_, &status));
+      const CUresult r = driver->cuStreamIsCapturing(stream_, &status);
+      if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+        return absl::FailedPreconditionError(
+            "the legacy default stream takes no work while a blocking stream of its context is "
+            "being captured (CUDA would make the work wait for that capture, an implicit "
+            "dependency), so nothing was enqueued; use a stream made with "
+            "CU_STREAM_NON_BLOCKING, or call after the capture ends");
+      }
+      if (r != CUDA_SUCCESS) return CuResultToStatus(r, "cuStreamIsCapturing", __FILE__, __LINE__);
       capturing_ = status != CU_STREAM_CAPTURE_STATUS_NONE;
       known_ = true;
     }
@@ -293,8 +302,10 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
   }
   ASSIGN_OR_RETURN(GemvPlan plan, ChooseConfig(shape, s.format, info.arch, info.limits.sm_count,
                                                s.order, info.name));
-  if (plan.source == "heuristic" && allow_autotune && AutotuneEnabled()) {
-    return Autotune(w, shape, info, plan);
+  if (plan.source == "heuristic" && AutotuneEnabled()) {
+    if (allow_autotune) return Autotune(w, shape, info, plan);
+    // During a capture: what an earlier call tuned, even where no tuning file kept it.
+    if (std::optional<GemvPlan> tuned = AutotunedBefore(w, shape, info)) return *tuned;
   }
   return plan;
 }
@@ -318,6 +329,10 @@ absl::Status LaunchPlannedEntered(const DeviceMatrix& w, const KernelConfig& con
                                   const ScopedDeviceContext& scope, CaptureQuery& capture) {
   const DeviceMatrixState& s = *w.state();
   RETURN_IF_ERROR(CheckOrder(config, s, "launch"));
+  // The legacy default stream is asked before anything is enqueued: while a blocking stream of
+  // the context is being captured, work sent to it would invalidate that capture, where the query
+  // only fails (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) RETURN_IF_ERROR(capture.Get().status());
   ASSIGN_OR_RETURN(LoadedKernel kernel, GetKernel(s.device, config));
   const int64_t row_blocks = Rows16(s) / 16;
   // One CTA per RB row blocks; z12 adds one CTA per dense row, before them. The split-K partials
@@ -519,13 +534,13 @@ absl::Status GemvAny(const DeviceMatrix& w, const uint16_t* x, int64_t m, void* 
         w.device()));
   }
   // Autotuning launches and allocates: never while the caller's stream is being captured.
-  internal::CaptureQuery capture(stream);
   bool allow_autotune = false;
   if (internal::AutotuneEnabled()) {
-    ASSIGN_OR_RETURN(const bool capturing, capture.Get());
+    ASSIGN_OR_RETURN(const bool capturing, internal::CaptureQuery(stream).Get());
     allow_autotune = !capturing;
   }
   ASSIGN_OR_RETURN(GemvPlan plan, internal::PlanGemvInternal(w, m, options, allow_autotune));
+  internal::CaptureQuery capture(stream);  // asked afresh if at all: tuning may take seconds
   Pdl pdl = Pdl::kOff;
   if (options.pdl) {
     pdl = *options.pdl;
