@@ -342,6 +342,8 @@ TEST(CheckpointTest, ReadersOnManyThreadsAtOnce) {
   for (const auto& shard : shards) {
     for (const auto& t : shard) expected[t.name] = &t;
   }
+  ASSERT_EQ(opened->tensors().size(), expected.size());
+  for (const TensorInfo& info : opened->tensors()) ASSERT_EQ(expected.count(info.name), 1u);
   constexpr int kThreads = 8, kRounds = 6;
   std::atomic<int> reads{0};
   std::vector<std::string> failures(kThreads);

@@ -837,6 +837,35 @@ TEST(Gemv, CaptureRefusesToGrowTheWorkspace) {
   api.cuStreamDestroy(stream);
 }
 
+// While a blocking stream is being captured, work sent to the legacy default stream would
+// invalidate that capture (CUDA's implicit synchronisation of the two): Gemv on the legacy
+// stream is refused before anything is enqueued, saying why, and the capture ends intact.
+TEST(Gemv, LegacyStreamCallLeavesABlockingStreamsCaptureIntact) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 1024, k = 4096, m = 8;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 1}};  // no workspace needed
+  ASSERT_EQ(p.Check(m, opt, seed), "");  // loaded, and right, on the legacy stream
+  absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  ASSERT_EQ(api.cuCtxSetCurrent(*ctx), CUDA_SUCCESS);
+  CUstream blocking = nullptr;
+  ASSERT_EQ(api.cuStreamCreate(&blocking, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  DeviceBuffer dx(m * k * 2), dout(m * n * 2);
+  ASSERT_EQ(api.cuStreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  const absl::Status st = Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr, opt);
+  CUgraph graph = nullptr;
+  EXPECT_EQ(api.cuStreamEndCapture(blocking, &graph), CUDA_SUCCESS)
+      << "the blocking stream's capture was invalidated";
+  if (graph != nullptr) api.cuGraphDestroy(graph);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("legacy default stream"), std::string::npos) << st;
+  EXPECT_EQ(p.Check(m, opt, seed + 1), "");  // after the capture, the legacy stream serves again
+  api.cuStreamDestroy(blocking);
+}
+
 // The flags a Gemv call gave its kernel (Z12Params or Bf16Params::flags), read from the one kernel
 // node of a graph that captured the call; -1 (with the failure recorded) when that went wrong.
 int CapturedFlags(const Problem& p, int64_t m, const GemvOptions& opt) {
@@ -1004,7 +1033,7 @@ TEST(Gemv, ReleaseRacingCallsOnTheSameStream) {
   testing::ReferenceGemv(p.w, x, m, n, k, &ref, &abs_sum);
   DeviceBuffer dx(x.size() * 2);
   dx.Upload(x.data(), x.size() * 2);
-  constexpr int kCalls = 300;
+  constexpr int kCalls = 3000;
   std::vector<std::unique_ptr<DeviceBuffer>> outs;  // one poisoned output a call
   for (int i = 0; i < kCalls; ++i) {
     outs.push_back(std::make_unique<DeviceBuffer>(m * n * 2));
@@ -1017,31 +1046,40 @@ TEST(Gemv, ReleaseRacingCallsOnTheSameStream) {
   CUstream stream = nullptr;
   ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 
+  // The releaser counts the releases that found a workspace to free; the calls go on until a few
+  // did (or all kCalls are made), so that the race is run, not only a release beside idle calls.
   std::atomic<bool> done{false};
-  std::atomic<int> releases{0};
+  std::atomic<int> freed{0};
+  absl::Notification started;
   absl::Mutex mu;
   absl::Status release_failure;
   std::thread releaser([&] {
-    while (!done.load()) {
+    started.Notify();
+    do {
+      const absl::StatusOr<int64_t> held = GemvWorkspaceBytes(stream);
       absl::Status st = ReleaseGemvWorkspace(stream);
-      if (!st.ok()) {
+      if (!st.ok() || !held.ok()) {
         absl::MutexLock lock(&mu);
-        release_failure = st;
+        release_failure = st.ok() ? held.status() : st;
+      } else if (*held > 0) {
+        freed.fetch_add(1);
       }
-      releases.fetch_add(1);
-    }
+    } while (!done.load());
   });
+  started.WaitForNotification();
   std::vector<absl::Status> calls(kCalls);
-  for (int i = 0; i < kCalls; ++i) {
-    calls[i] = Gemv(p.dm, dx.as<uint16_t>(), m, outs[i]->as<uint16_t>(), stream, opt);
+  int made = 0;
+  while (made < kCalls && (made < kCalls / 3 || freed.load() < 3)) {
+    calls[made] = Gemv(p.dm, dx.as<uint16_t>(), m, outs[made]->as<uint16_t>(), stream, opt);
+    ++made;
   }
   done = true;
   releaser.join();
   ASSERT_EQ(api.cuStreamSynchronize(stream), CUDA_SUCCESS);
   EXPECT_TRUE(release_failure.ok()) << release_failure;
-  EXPECT_GT(releases.load(), 0);
+  EXPECT_GE(freed.load(), 1) << "no release freed a workspace while the calls ran";
   int wrong = 0;
-  for (int i = 0; i < kCalls && wrong < 3; ++i) {
+  for (int i = 0; i < made && wrong < 3; ++i) {
     EXPECT_TRUE(calls[i].ok()) << "call " << i << ": " << calls[i];
     std::vector<uint16_t> got(m * n);
     outs[i]->Download(got.data(), got.size() * 2);
@@ -1206,6 +1244,60 @@ TEST(Gemv, AutotuneWaitsForTheCaptureToEnd) {
   EXPECT_EQ(nodes, 1u) << "the captured call should be the heuristic's one launch";
   EXPECT_EQ(p.Check(m, {}, seed + 1, nullptr, stream), "");
   EXPECT_GT(calls, 0) << "the shape was not tuned after the capture";
+  EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());
+  api.cuStreamDestroy(stream);
+}
+
+// GEMVZ_AUTOTUNE=1 with no tuning file to keep the winner (the disk cache off, no
+// GEMVZ_TUNING_FILE): a capture after the shape was tuned runs the winner, as eager calls do, not
+// the dispatcher's heuristic. The heuristic's kernel is made to fail as a candidate, so that the
+// two differ.
+TEST(Gemv, ACaptureRunsTheWinnerThatNoTuningFileKept) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  const ScopedAutotune tuning("4");
+  const jit_test::ScopedEnv no_file("GEMVZ_TUNING_FILE", std::nullopt);
+  const jit_test::ScopedEnv no_disk("GEMVZ_DISABLE_DISK_CACHE", "1");
+  internal::InvalidateTuningFileCache();
+  const uint64_t seed = FreshSeed();
+  const int64_t n = 1792, k = 2048, m = 3;  // no table has 1792x2048
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
+  const absl::StatusOr<GemvPlan> heuristic = internal::PlanGemvInternal(p.dm, m, {}, false);
+  ASSERT_TRUE(heuristic.ok()) << heuristic.status();
+  ASSERT_EQ(heuristic->source, "heuristic");
+  internal::SetAutotuneCandidateHookForTesting(
+      [&](const KernelConfig& c, internal::AutotuneStage) -> absl::Status {
+        if (c.KernelName() == heuristic->config.KernelName()) {
+          return absl::InternalError("test: not this kernel");
+        }
+        return absl::OkStatus();
+      });
+  CUstream stream = nullptr;
+  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ::testing::internal::CaptureStderr();  // the failed candidate and the save that cannot be
+  const std::string tuned_call = p.Check(m, {}, seed, nullptr, stream);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(tuned_call, "");
+  EXPECT_NE(err.find("could not save the winner"), std::string::npos) << err;
+  const absl::StatusOr<GemvPlan> eager = PlanGemv(p.dm, m);
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  ASSERT_EQ(eager->source, "autotuned");
+  ASSERT_NE(eager->config.KernelName(), heuristic->config.KernelName());
+  const absl::StatusOr<internal::LoadedKernel> winner = internal::GetKernel(0, eager->config);
+  ASSERT_TRUE(winner.ok()) << winner.status();
+
+  DeviceBuffer dx(m * k * 2), dout(m * n * 2);
+  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  const absl::Status st = Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  EXPECT_TRUE(st.ok()) << st;
+  CUDA_KERNEL_NODE_PARAMS kp;
+  if (st.ok() && OnlyKernelNodeParams(graph, &kp)) {
+    EXPECT_EQ(kp.func, winner->function)
+        << "the graph runs another kernel than the winner, " << eager->config.ToString();
+  }
+  if (graph != nullptr) api.cuGraphDestroy(graph);
   EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());
   api.cuStreamDestroy(stream);
 }
