@@ -39,6 +39,12 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+// Where a message about tensor `e` of `in` points: '<file>', tensor '<name>' [shape].
+std::string TensorWhere(const SafetensorsFile& in, const SafetensorsEntry& e) {
+  return absl::StrCat("'", in.path(), "', tensor '", internal::Escaped(e.name), "' ",
+                      ShapeString(e.shape));
+}
+
 struct TensorPlan {
   const SafetensorsEntry* entry = nullptr;
   bool pack = false;
@@ -154,10 +160,8 @@ absl::Status Driver::PackTensor(const SafetensorsFile& in, const TensorPlan& pla
   if (!packed.ok()) {
     const int64_t bad = FindNonFinite(src, rows * cols);
     if (bad < 0) {
-      return absl::Status(
-          packed.status().code(),
-          absl::StrCat("'", in.path(), "', tensor '", internal::Escaped(e.name), "' ",
-                       ShapeString(e.shape), ": ", packed.status().message()));
+      return absl::Status(packed.status().code(),
+                          absl::StrCat(TensorWhere(in, e), ": ", packed.status().message()));
     }
     uint16_t v;
     std::memcpy(&v, src + 2 * bad, 2);
@@ -169,8 +173,7 @@ absl::Status Driver::PackTensor(const SafetensorsFile& in, const TensorPlan& pla
                                              v);
     if (!options_.keep_nonfinite) {
       return absl::InvalidArgumentError(
-          absl::StrCat("'", in.path(), "', tensor '", internal::Escaped(e.name), "' ",
-                       ShapeString(e.shape), ": ", what,
+          absl::StrCat(TensorWhere(in, e), ": ", what,
                        "; only finite weights can be packed (keep such tensors unpacked with "
                        "keep_nonfinite / --keep_nonfinite)"));
     }
@@ -344,8 +347,7 @@ absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_
         packed = PackTensor(in, p, *writer, r);
       } catch (const std::bad_alloc&) {
         packed = absl::ResourceExhaustedError(
-            absl::StrCat("'", in.path(), "', tensor '", internal::Escaped(e.name), "' ",
-                         ShapeString(e.shape), ": out of host memory while packing it (",
+            absl::StrCat(TensorWhere(in, e), ": out of host memory while packing it (",
                          e.end - e.begin, " bytes of BF16 in; packing holds about as much again)"));
       }
       RETURN_IF_ERROR(packed);
@@ -372,10 +374,7 @@ absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_
       verified = Verify(in, plans, writer->temp_path(), first_report, &verifying);
     } catch (const std::bad_alloc&) {
       verified = absl::ResourceExhaustedError(absl::StrCat(
-          "'", in.path(), "'",
-          verifying == nullptr ? std::string()
-                               : absl::StrCat(", tensor '", internal::Escaped(verifying->name),
-                                              "' ", ShapeString(verifying->shape)),
+          verifying == nullptr ? absl::StrCat("'", in.path(), "'") : TensorWhere(in, *verifying),
           ": out of host memory while verifying its packed copy"));
     }
     RETURN_IF_ERROR(verified);

@@ -86,8 +86,9 @@ std::shared_ptr<Workspace> FindWorkspace(CUcontext ctx, CUstream stream) {
 }
 
 // Whether `stream` is being captured into a CUDA graph, asked of the driver at the first Get and
-// only then: a call that neither autotunes nor grows its workspace asks nothing (under many
-// threads each driver call is a turn at the driver's lock; a launch is one already).
+// only then: a call on a stream of its own that neither autotunes nor grows its workspace asks
+// nothing (under many threads each driver call is a turn at the driver's lock; a launch is one
+// already). The legacy default stream is always asked (LaunchPlannedEntered).
 class CaptureQuery {
  public:
   explicit CaptureQuery(CUstream stream) : stream_(stream) {}
