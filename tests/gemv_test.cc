@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <thread>
@@ -803,6 +804,42 @@ TEST(Gemv, GraphReplayAfterTheWorkspaceGrows) {
   ReplayAndCheck(g, p, x, &dout, m, 3);
 }
 
+// One call made while `stream` is being captured (global mode), and the capture ended: the
+// call's status, what ending the capture returned, and the graph, destroyed with this.
+struct CaptureOfOneCall {
+  absl::Status status;
+  CUresult end;
+  CUgraph graph = nullptr;
+
+  CaptureOfOneCall(CUstream stream, const std::function<absl::Status()>& call) {
+    const auto& api = **internal::Driver();
+    const CUresult begin = api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    if (begin != CUDA_SUCCESS) {
+      ADD_FAILURE() << "cuStreamBeginCapture failed: " << begin;
+      end = begin;
+      return;
+    }
+    status = call();
+    end = api.cuStreamEndCapture(stream, &graph);
+  }
+  ~CaptureOfOneCall() {
+    if (graph != nullptr) (**internal::Driver()).cuGraphDestroy(graph);
+  }
+  CaptureOfOneCall(const CaptureOfOneCall&) = delete;
+  CaptureOfOneCall& operator=(const CaptureOfOneCall&) = delete;
+
+  // The graph's nodes; -1, with the failure recorded, when they cannot be counted.
+  int64_t Nodes() const {
+    size_t nodes = 0;
+    if (graph == nullptr ||
+        (**internal::Driver()).cuGraphGetNodes(graph, nullptr, &nodes) != CUDA_SUCCESS) {
+      ADD_FAILURE() << "the capture left no graph whose nodes could be counted";
+      return -1;
+    }
+    return static_cast<int64_t>(nodes);
+  }
+};
+
 // The first split-K call on a stream that is being captured would allocate the stream's workspace
 // inside the capture: refused, naming the remedy, with nothing enqueued (the capture ends with an
 // empty graph). Outside the capture the same call sizes the workspace and runs right.
@@ -819,14 +856,11 @@ TEST(Gemv, CaptureRefusesToGrowTheWorkspace) {
   dx.Upload(x.data(), x.size() * 2);
   CUstream stream = nullptr;
   ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  const absl::Status st = Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt);
-  CUgraph graph = nullptr;
-  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
-  size_t nodes = 0;
-  EXPECT_EQ(api.cuGraphGetNodes(graph, nullptr, &nodes), CUDA_SUCCESS);
-  EXPECT_EQ(nodes, 0u) << "the refused call enqueued work into the graph";
-  api.cuGraphDestroy(graph);
+  const CaptureOfOneCall c(
+      stream, [&] { return Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt); });
+  ASSERT_EQ(c.end, CUDA_SUCCESS);
+  EXPECT_EQ(c.Nodes(), 0) << "the refused call enqueued work into the graph";
+  const absl::Status& st = c.status;
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
   EXPECT_NE(st.message().find("while the stream is being captured"), std::string::npos) << st;
   EXPECT_NE(st.message().find("run the same call once on this stream before capturing it"),
@@ -854,12 +888,11 @@ TEST(Gemv, LegacyStreamCallLeavesABlockingStreamsCaptureIntact) {
   CUstream blocking = nullptr;
   ASSERT_EQ(api.cuStreamCreate(&blocking, CU_STREAM_DEFAULT), CUDA_SUCCESS);
   DeviceBuffer dx(m * k * 2), dout(m * n * 2);
-  ASSERT_EQ(api.cuStreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  const absl::Status st = Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr, opt);
-  CUgraph graph = nullptr;
-  EXPECT_EQ(api.cuStreamEndCapture(blocking, &graph), CUDA_SUCCESS)
-      << "the blocking stream's capture was invalidated";
-  if (graph != nullptr) api.cuGraphDestroy(graph);
+  const CaptureOfOneCall c(blocking, [&] {
+    return Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr, opt);
+  });
+  EXPECT_EQ(c.end, CUDA_SUCCESS) << "the blocking stream's capture was invalidated";
+  const absl::Status& st = c.status;
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
   EXPECT_NE(st.message().find("legacy default stream"), std::string::npos) << st;
   EXPECT_EQ(p.Check(m, opt, seed + 1), "");  // after the capture, the legacy stream serves again
@@ -974,13 +1007,12 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
   EXPECT_GE(grown, small + (8 << 20)) << "the outgrown buffers count too";
 
   // Refused while the stream is being captured (the graph would use what it frees).
-  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  absl::Status st = ReleaseGemvWorkspace(stream);
-  CUgraph graph = nullptr;
-  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
-  if (graph != nullptr) api.cuGraphDestroy(graph);
-  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
-  EXPECT_NE(st.message().find("being captured"), std::string::npos) << st;
+  {
+    const CaptureOfOneCall c(stream, [&] { return ReleaseGemvWorkspace(stream); });
+    ASSERT_EQ(c.end, CUDA_SUCCESS);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kFailedPrecondition) << c.status;
+    EXPECT_NE(c.status.message().find("being captured"), std::string::npos) << c.status;
+  }
   EXPECT_EQ(held(), grown);
 
   // Every buffer, the outgrown ones included, is an allocation before the release and none after
@@ -995,7 +1027,7 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
            start == p;
   };
   for (const CUdeviceptr p : buffers) EXPECT_TRUE(allocated(p)) << "buffer 0x" << std::hex << p;
-  st = ReleaseGemvWorkspace(stream);
+  const absl::Status st = ReleaseGemvWorkspace(stream);
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(held(), 0);
   EXPECT_TRUE(internal::StreamWorkspaceBuffers(*ctx, stream).empty());
@@ -1232,16 +1264,14 @@ TEST(Gemv, AutotuneWaitsForTheCaptureToEnd) {
   // The heuristic's kernel loaded and this stream's workspace sized, forced, so with no tuning.
   ASSERT_EQ(p.Check(m, GemvOptions{heuristic->config}, seed, nullptr, stream), "");
   ASSERT_EQ(calls, 0);
-  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  const absl::Status st = Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream);
-  CUgraph graph = nullptr;
-  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
-  size_t nodes = 0;
-  EXPECT_EQ(api.cuGraphGetNodes(graph, nullptr, &nodes), CUDA_SUCCESS);
-  api.cuGraphDestroy(graph);
-  EXPECT_TRUE(st.ok()) << st;
-  EXPECT_EQ(calls, 0) << "candidates were compiled or timed during the capture";
-  EXPECT_EQ(nodes, 1u) << "the captured call should be the heuristic's one launch";
+  {
+    const CaptureOfOneCall c(
+        stream, [&] { return Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream); });
+    ASSERT_EQ(c.end, CUDA_SUCCESS);
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(calls, 0) << "candidates were compiled or timed during the capture";
+    EXPECT_EQ(c.Nodes(), 1) << "the captured call should be the heuristic's one launch";
+  }
   EXPECT_EQ(p.Check(m, {}, seed + 1, nullptr, stream), "");
   EXPECT_GT(calls, 0) << "the shape was not tuned after the capture";
   EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());
@@ -1287,17 +1317,17 @@ TEST(Gemv, ACaptureRunsTheWinnerThatNoTuningFileKept) {
   ASSERT_TRUE(winner.ok()) << winner.status();
 
   DeviceBuffer dx(m * k * 2), dout(m * n * 2);
-  ASSERT_EQ(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  const absl::Status st = Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream);
-  CUgraph graph = nullptr;
-  ASSERT_EQ(api.cuStreamEndCapture(stream, &graph), CUDA_SUCCESS);
-  EXPECT_TRUE(st.ok()) << st;
-  CUDA_KERNEL_NODE_PARAMS kp;
-  if (st.ok() && OnlyKernelNodeParams(graph, &kp)) {
-    EXPECT_EQ(kp.func, winner->function)
-        << "the graph runs another kernel than the winner, " << eager->config.ToString();
+  {
+    const CaptureOfOneCall c(
+        stream, [&] { return Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream); });
+    ASSERT_EQ(c.end, CUDA_SUCCESS);
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    CUDA_KERNEL_NODE_PARAMS kp;
+    if (c.status.ok() && OnlyKernelNodeParams(c.graph, &kp)) {
+      EXPECT_EQ(kp.func, winner->function)
+          << "the graph runs another kernel than the winner, " << eager->config.ToString();
+    }
   }
-  if (graph != nullptr) api.cuGraphDestroy(graph);
   EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());
   api.cuStreamDestroy(stream);
 }
