@@ -1302,6 +1302,9 @@ TEST(Gemv, ACaptureRunsTheWinnerThatNoTuningFileKept) {
         }
         return absl::OkStatus();
       });
+  absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);  // current, for cuStreamCreate
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  ASSERT_EQ(api.cuCtxSetCurrent(*ctx), CUDA_SUCCESS);
   CUstream stream = nullptr;
   ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   ::testing::internal::CaptureStderr();  // the failed candidate and the save that cannot be
