@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include "gemvz/config.h"
@@ -67,6 +68,43 @@ TEST_F(JitGpuTest, LoadsOnDeviceZeroWithPtxasStatistics) {
     EXPECT_EQ(cache.counters().module_loads, loads);
   }
   EXPECT_EQ(cache.counters().module_loads, 2);
+}
+
+// The launch path's lookup (GetKernelFunction) gives LoadForConfig's function and occupancy, one
+// function for every split count, and forgets it with the cache's memory: from the calling thread's
+// own copy too, which would otherwise keep answering.
+TEST_F(JitGpuTest, KernelFunctionIsTheLoadedOneAndGoesWithTheMemory) {
+  TempDir dir;
+  KernelCache cache(RealKernelsIn(dir.path()));
+  const KernelConfig c = KernelConfig::Parse("z12.nw8.ug2.nb2.pipe3").value();
+  const absl::StatusOr<LoadedKernel> loaded = cache.LoadForConfig(0, c);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const absl::StatusOr<KernelFunction> f = cache.FunctionForConfig(0, c);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->function, loaded->function);
+  EXPECT_EQ(f->blocks_per_sm, loaded->blocks_per_sm);
+  EXPECT_GT(f->blocks_per_sm, 0);
+  KernelConfig split = c;
+  split.splits = 3;
+  const absl::StatusOr<KernelFunction> f3 = cache.FunctionForConfig(0, split);
+  ASSERT_TRUE(f3.ok()) << f3.status();
+  EXPECT_EQ(f3->function, f->function);
+
+  const int64_t loads = cache.counters().module_loads;
+  cache.DropMemoryForTesting();
+  const absl::StatusOr<KernelFunction> again = cache.FunctionForConfig(0, c);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(cache.counters().module_loads, loads + 1)
+      << "the dropped function was still found in this thread's copy";
+  ASSERT_NE(again->function, nullptr);
+  CUfunction other = nullptr;
+  std::thread t([&] {
+    const absl::StatusOr<KernelFunction> g = cache.FunctionForConfig(0, c);
+    if (g.ok()) other = g->function;
+  });
+  t.join();
+  EXPECT_EQ(other, again->function);
+  EXPECT_EQ(cache.counters().module_loads, loads + 1);
 }
 
 // The heuristic's shaped rule counts CTAs per SM for each kernel family (both formats)

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "runtime/common/per_thread_cache.h"
 
 namespace gemvz::internal {
 namespace {
@@ -96,10 +97,14 @@ int DeviceCount() {
 absl::StatusOr<CUcontext> PrimaryContext(int device) {
   static absl::Mutex mu(absl::kConstInit);
   static std::vector<CUcontext>* contexts = new std::vector<CUcontext>();
+  // Every Gemv enters its device's context: once retained, each thread finds it in its own copy.
+  static auto* front = new PerThreadCache<int, CUcontext>();
+  if (const CUcontext* known = front->Find(device)) return *known;
+  const uint64_t generation = front->generation();
   if (device >= 0) {
-    // Every Gemv enters its device's context: once retained, it is found under a shared lock.
     absl::ReaderMutexLock lock(&mu);
     if (static_cast<size_t>(device) < contexts->size() && (*contexts)[device] != nullptr) {
+      front->Insert(device, (*contexts)[device], generation);
       return (*contexts)[device];
     }
   }
@@ -119,6 +124,7 @@ absl::StatusOr<CUcontext> PrimaryContext(int device) {
     CU_RETURN_IF_ERROR(cuDevicePrimaryCtxRetain(&ctx, dev));
     (*contexts)[device] = ctx;
   }
+  front->Insert(device, (*contexts)[device], generation);
   return (*contexts)[device];
 }
 

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gemvz/dispatch.h"
 #include "runtime/common/log.h"
+#include "runtime/common/per_thread_cache.h"
 
 namespace gemvz::internal {
 namespace {
@@ -55,13 +56,14 @@ class Dispatcher {
     if (format != WeightFormat::kZ12) order = WeightOrder::kBlockMajor;
     const PlanKey plan_key{arch,     device,   static_cast<int>(format), launch.m, launch.n,
                            launch.k, sm_count, static_cast<int>(order)};
-    {
-      // Every Gemv asks: a plan answered before is read under a shared lock.
-      absl::ReaderMutexLock lock(&mu_);
-      if (const auto it = plans_.find(plan_key); it != plans_.end()) return it->second;
-    }
+    // Every Gemv asks: a plan answered before is the thread's own copy, found with no lock.
+    if (const GemvPlan* hit = front_.Find(plan_key)) return *hit;
+    const uint64_t generation = front_.generation();
     absl::MutexLock lock(&mu_);
-    if (const auto it = plans_.find(plan_key); it != plans_.end()) return it->second;
+    if (const auto it = plans_.find(plan_key); it != plans_.end()) {
+      front_.Insert(plan_key, it->second, generation);
+      return it->second;
+    }
     if (!loaded_) LoadLocked();
 
     GemvPlan plan;
@@ -86,6 +88,7 @@ class Dispatcher {
     // Bounded for callers that sweep many shapes; a cleared memo only costs a recomputation.
     if (plans_.size() >= kMaxPlans) plans_.clear();
     plans_[plan_key] = plan;
+    front_.Insert(plan_key, plan, generation);
     return plan;
   }
 
@@ -105,6 +108,7 @@ class Dispatcher {
     absl::MutexLock lock(&mu_);
     plans_.clear();
     LoadLocked();
+    front_.Invalidate();  // after the change (per_thread_cache.h)
     return status_;
   }
 
@@ -117,6 +121,7 @@ class Dispatcher {
     absl::MutexLock lock(&mu_);
     loaded_ = false;
     plans_.clear();
+    front_.Invalidate();  // the next Choose reads the file again, on every thread
   }
 
  private:
@@ -160,6 +165,7 @@ class Dispatcher {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ChoiceKey, KernelConfig> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<PlanKey, GemvPlan> plans_ ABSL_GUARDED_BY(mu_);
+  PerThreadCache<PlanKey, GemvPlan> front_;  // each thread's copies of plans_' answers
 };
 
 Dispatcher& GetDispatcher() {

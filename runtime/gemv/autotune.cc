@@ -14,6 +14,7 @@
 #include "gemvz/runtime.h"
 #include "runtime/common/env.h"
 #include "runtime/common/log.h"
+#include "runtime/common/per_thread_cache.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/dispatch/dispatcher.h"
@@ -29,6 +30,12 @@ absl::Mutex tune_mu(absl::kConstInit);
 absl::flat_hash_map<TuneKey, GemvPlan>& Tuned() {
   static auto* m = new absl::flat_hash_map<TuneKey, GemvPlan>();
   return *m;
+}
+// Each thread's copies of Tuned()'s answers: a call on a tuned shape takes no lock, and does not
+// wait behind another shape's tuning.
+PerThreadCache<TuneKey, GemvPlan>& TunedFront() {
+  static auto* front = new PerThreadCache<TuneKey, GemvPlan>();
+  return *front;
 }
 
 // Device buffers freed on scope exit.
@@ -201,8 +208,13 @@ TuneKey KeyOf(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& i
 std::optional<GemvPlan> AutotunedBefore(const DeviceMatrix& w, const GemvShape& shape,
                                         const DeviceInfo& info) {
   const TuneKey key = KeyOf(w, shape, info);
+  if (const GemvPlan* hit = TunedFront().Find(key)) return *hit;
+  const uint64_t generation = TunedFront().generation();
   absl::MutexLock lock(&tune_mu);
-  if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
+  if (auto it = Tuned().find(key); it != Tuned().end()) {
+    TunedFront().Insert(key, it->second, generation);
+    return it->second;
+  }
   return std::nullopt;
 }
 
@@ -210,8 +222,13 @@ GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInf
                   const GemvPlan& fallback) {
   const DeviceMatrixState& s = *w.state();
   const TuneKey key = KeyOf(w, shape, info);
+  if (const GemvPlan* hit = TunedFront().Find(key)) return *hit;
+  const uint64_t generation = TunedFront().generation();
   absl::MutexLock lock(&tune_mu);  // one tuning at a time; the others wait for its answer
-  if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
+  if (auto it = Tuned().find(key); it != Tuned().end()) {
+    TunedFront().Insert(key, it->second, generation);
+    return it->second;
+  }
   float best_ms = 0;
   absl::StatusOr<GemvPlan> tuned = TuneShape(w, shape, info, &best_ms);
   if (!tuned.ok()) {
@@ -220,6 +237,7 @@ GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInf
                       shape.ToString(), fallback.config.ToString(), fallback.source,
                       tuned.status().ToString());
     Tuned()[key] = fallback;
+    TunedFront().Insert(key, fallback, generation);
     return fallback;
   }
   TunedChoice choice;
@@ -238,12 +256,14 @@ GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInf
   GEMVZ_LOG_INFO("autotune %s: %s wins at %.2f us", shape.ToString(), tuned->config.ToString(),
                  choice.time_us);
   Tuned()[key] = *tuned;
+  TunedFront().Insert(key, *tuned, generation);
   return *tuned;
 }
 
 void ForgetAutotunedForTesting() {
   absl::MutexLock lock(&tune_mu);
   Tuned().clear();
+  TunedFront().Invalidate();
 }
 
 }  // namespace gemvz::internal

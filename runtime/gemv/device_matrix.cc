@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gemvz/dispatch.h"
 #include "runtime/common/env.h"
+#include "runtime/common/per_thread_cache.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/format/z12_layout.h"
@@ -28,10 +29,14 @@ DeviceMatrixState::~DeviceMatrixState() {
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
   static absl::Mutex mu(absl::kConstInit);
   static auto* cache = new std::vector<std::optional<DeviceInfo>>();
+  // Every Gemv asks: a known device's answer is each thread's own copy, found with no lock.
+  static auto* front = new PerThreadCache<int, DeviceInfo>();
+  if (const DeviceInfo* known = front->Find(device)) return *known;
+  const uint64_t generation = front->generation();
   {
-    // Every Gemv asks: a known device's answer takes no exclusive lock and no context switch.
     absl::ReaderMutexLock lock(&mu);
     if (device >= 0 && static_cast<size_t>(device) < cache->size() && (*cache)[device]) {
+      front->Insert(device, *(*cache)[device], generation);
       return *(*cache)[device];
     }
   }
@@ -68,6 +73,7 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
   CU_RETURN_IF_ERROR(cuDeviceGetName(name, sizeof(name), dev));
   info.name = name;
   (*cache)[device] = info;
+  front->Insert(device, info, generation);
   return info;
 }
 

@@ -16,6 +16,7 @@
 #include "kernel_sources/gemv_params.cuh"
 #include "runtime/common/env.h"
 #include "runtime/common/log.h"
+#include "runtime/common/per_thread_cache.h"
 #include "runtime/common/status_macros.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/dispatch/dispatcher.h"
@@ -151,13 +152,29 @@ absl::Status Ensure(CUdeviceptr& buf, size_t& have, size_t bytes, bool zero, Cap
   return absl::OkStatus();
 }
 
-// The stream's workspace, made on its first call.
+// Each thread's copies of the map's answers, so that a call finds its stream's workspace with no
+// lock; invalidated by every release.
+PerThreadCache<WorkspaceKey, std::shared_ptr<Workspace>>& WorkspaceFront() {
+  static auto* front = new PerThreadCache<WorkspaceKey, std::shared_ptr<Workspace>>();
+  return *front;
+}
+
+// The stream's workspace, made on its first call. One released since this thread last asked may
+// still be returned (a release's invalidation can race a lookup): LockedWorkspace checks.
 std::shared_ptr<Workspace> GetWorkspace(CUcontext ctx, CUstream stream) {
-  if (std::shared_ptr<Workspace> found = FindWorkspace(ctx, stream)) return found;
-  absl::MutexLock lock(&workspaces_mu);
-  std::shared_ptr<Workspace>& w = Workspaces()[KeyFor(ctx, stream)];
-  if (w == nullptr) w = std::make_shared<Workspace>();
-  return w;
+  const WorkspaceKey key = KeyFor(ctx, stream);
+  PerThreadCache<WorkspaceKey, std::shared_ptr<Workspace>>& front = WorkspaceFront();
+  if (const std::shared_ptr<Workspace>* hit = front.Find(key)) return *hit;
+  const uint64_t generation = front.generation();
+  std::shared_ptr<Workspace> found = FindWorkspace(ctx, stream);
+  if (found == nullptr) {
+    absl::MutexLock lock(&workspaces_mu);
+    std::shared_ptr<Workspace>& w = Workspaces()[key];
+    if (w == nullptr) w = std::make_shared<Workspace>();
+    found = w;
+  }
+  front.Insert(key, found, generation);
+  return found;
 }
 
 // The stream's workspace, locked for as long as this lives. One released between the fetch and
@@ -242,6 +259,9 @@ absl::Status ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
       map.erase(it);
     }
   }
+  // Threads drop their copies, which would keep finding this one (after the erase:
+  // per_thread_cache.h); a call that found it before sees `released` below.
+  if (w != nullptr) WorkspaceFront().Invalidate();
   if (w == nullptr) {
     const RelaxedCaptureMode relaxed;
     CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));  // the same wait, with nothing to free
@@ -334,7 +354,7 @@ absl::Status LaunchPlannedEntered(const DeviceMatrix& w, const KernelConfig& con
   // the context is being captured, work sent to it would invalidate that capture, where the query
   // only fails (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT).
   if (stream == nullptr || stream == CU_STREAM_LEGACY) RETURN_IF_ERROR(capture.Get().status());
-  ASSIGN_OR_RETURN(LoadedKernel kernel, GetKernel(s.device, config));
+  ASSIGN_OR_RETURN(const KernelFunction kernel, GetKernelFunction(s.device, config));
   const int64_t row_blocks = Rows16(s) / 16;
   // One CTA per RB row blocks; z12 adds one CTA per dense row, before them. The split-K partials
   // and counters below are per CTA: N/(16*RB) counters of RB*NB*32 float4 each, so their sizes

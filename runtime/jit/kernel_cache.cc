@@ -347,6 +347,19 @@ absl::StatusOr<LoadedKernel> KernelCache::LoadForConfig(int device, const Kernel
   return loaded;
 }
 
+absl::StatusOr<KernelFunction> KernelCache::FunctionForConfig(int device,
+                                                              const KernelConfig& config) {
+  KernelConfig kernel = config;
+  kernel.splits = 1;  // as in LoadForConfig
+  const std::pair<int, KernelConfig> id(device, kernel);
+  if (const KernelFunction* hit = function_front_.Find(id)) return *hit;
+  const uint64_t generation = function_front_.generation();
+  ASSIGN_OR_RETURN(const LoadedKernel loaded, LoadForConfig(device, config));
+  const KernelFunction f{loaded.function, loaded.blocks_per_sm};
+  function_front_.Insert(id, f, generation);
+  return f;
+}
+
 JitCounters KernelCache::counters() const {
   JitCounters c;
   c.memory_hits = counters_.memory_hits.load();
@@ -377,6 +390,7 @@ void KernelCache::DropMemoryForTesting() {
   absl::MutexLock lock(&load_mu_);
   loaded_.clear();
   loaded_configs_.clear();
+  function_front_.Invalidate();  // after the clear (per_thread_cache.h)
 }
 
 // --- The process-wide entry points ----------------------------------------------------------
@@ -428,6 +442,10 @@ absl::StatusOr<std::shared_ptr<const CompiledKernel>> GetCompiledKernel(const Ke
 
 absl::StatusOr<LoadedKernel> GetKernel(int device, const KernelConfig& config) {
   return KernelCache::Default().LoadForConfig(device, config);
+}
+
+absl::StatusOr<KernelFunction> GetKernelFunction(int device, const KernelConfig& config) {
+  return KernelCache::Default().FunctionForConfig(device, config);
 }
 
 absl::StatusOr<LoadedKernel> GetKernelByName(int device, std::string_view source_file,

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gemvz/config.h"
 #include "gemvz/runtime.h"
+#include "runtime/common/per_thread_cache.h"
 #include "runtime/jit/nvrtc_compiler.h"
 
 namespace gemvz::internal {
@@ -68,6 +69,18 @@ absl::StatusOr<std::string> DefaultArch(int device);
 // Compiles or fetches the kernel for the device's architecture and loads it there. Cached per
 // (device, key): the second call costs a hash lookup.
 absl::StatusOr<LoadedKernel> GetKernel(int device, const KernelConfig& config);
+
+// A configuration's loaded function and its occupancy: what a launch needs, without the reference
+// to the compiled kernel that LoadedKernel holds (a module stays loaded for the process; copying
+// that reference is an atomic add on a count that every thread launching the kernel shares).
+struct KernelFunction {
+  CUfunction function = nullptr;
+  int blocks_per_sm = 0;  // as LoadedKernel's
+};
+
+// GetKernel's function, from the calling thread's own copy after its first call: the launch path's
+// lookup, with no lock.
+absl::StatusOr<KernelFunction> GetKernelFunction(int device, const KernelConfig& config);
 
 // Precompile of each of `configs` for `arch` (not empty) on `threads` workers (0: all cores),
 // result i for configuration i; `progress` as PrecompileAll's, after each success. With
@@ -137,6 +150,9 @@ class KernelCache {
   absl::StatusOr<LoadedKernel> Load(int device, const CompileRequest& request);
   // The same keyed by configuration, with a lookup that allocates nothing on a hit.
   absl::StatusOr<LoadedKernel> LoadForConfig(int device, const KernelConfig& config);
+  // LoadForConfig's function and occupancy, found in the calling thread's copy after its first
+  // call for the configuration (per_thread_cache.h).
+  absl::StatusOr<KernelFunction> FunctionForConfig(int device, const KernelConfig& config);
 
   // The cache key `request` has here (no compile, no disk access).
   absl::StatusOr<std::string> KeyFor(const CompileRequest& request) const;
@@ -187,6 +203,8 @@ class KernelCache {
   absl::flat_hash_map<std::pair<int, KernelConfig>, LoadedKernel> loaded_configs_
       ABSL_GUARDED_BY(load_mu_);
   std::vector<std::pair<int, CUmodule>> modules_ ABSL_GUARDED_BY(load_mu_);
+  // Each thread's copies of FunctionForConfig's answers: its hits take no lock.
+  PerThreadCache<std::pair<int, KernelConfig>, KernelFunction> function_front_;
 };
 
 }  // namespace gemvz::internal

@@ -1,0 +1,89 @@
+// A per-thread front for a process-wide memo that a mutex guards, for the lookups every Gemv makes
+// (its device's context and facts, its plan, its kernel, its stream's workspace). From several
+// threads at once the shared lock of each memo was the largest part of a call: on the H200 host,
+// 8 threads each on its own stream, one reader lock of an absl::Mutex took about 5 us a call where
+// the lookup under it takes 0.2 (docs/BENCHMARKS.md, "The JIT"). A hit here reads only the calling
+// thread's own map and one atomic counter that nothing but an invalidation writes.
+//
+// Use: Find; on a miss, read generation() *before* asking the shared memo, then Insert the answer
+// with that generation, so that an answer that raced an Invalidate is not kept. Call Invalidate
+// after the shared memo forgot or changed an answer: every thread's copies are dropped at its next
+// Find. Answers that never change (a device's context) need no invalidation.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace gemvz::internal {
+
+template <typename Key, typename Value>
+class PerThreadCache {
+ public:
+  PerThreadCache() : id_(NextId()) {}
+  PerThreadCache(const PerThreadCache&) = delete;
+  PerThreadCache& operator=(const PerThreadCache&) = delete;
+
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+
+  // Drops every thread's copies (at each thread's next Find). Call it after the shared memo
+  // changed, not before: a thread between the two could copy the old answer under the new
+  // generation.
+  void Invalidate() { generation_.fetch_add(1, std::memory_order_acq_rel); }
+
+  // The calling thread's copy of the answer for `key`, or null. The pointer is valid until this
+  // thread's next Insert into any cache of the same Key and Value types.
+  const Value* Find(const Key& key) const {
+    Slot* slot = LocalSlot(/*create=*/false);
+    if (slot == nullptr || slot->generation != generation()) return nullptr;
+    const auto it = slot->map.find(key);
+    return it == slot->map.end() ? nullptr : &it->second;
+  }
+
+  // Keeps a copy of `value` for this thread, stamped with `generation`: a copy stamped before an
+  // invalidation is never found (Find compares the stamp), and the next Insert drops it.
+  void Insert(const Key& key, Value value, uint64_t generation) {
+    Slot& slot = *LocalSlot(/*create=*/true);
+    if (slot.generation != generation || slot.map.size() >= kMaxEntries) {
+      slot.map.clear();
+      slot.generation = generation;
+    }
+    slot.map.insert_or_assign(key, std::move(value));
+  }
+
+ private:
+  struct Slot {
+    uint64_t generation = 0;
+    absl::flat_hash_map<Key, Value> map;
+  };
+  // A thread that sweeps shapes keeps at most this many answers a cache; past it, it starts over.
+  static constexpr size_t kMaxEntries = 4096;
+  // Caches of one type a thread has slots for: a destroyed cache's slot is never found again (ids
+  // are not reused), so past this many they all go and the live ones refill.
+  static constexpr size_t kMaxCaches = 64;
+
+  Slot* LocalSlot(bool create) const {
+    thread_local absl::flat_hash_map<uint64_t, Slot> slots;  // cache id -> this thread's copies
+    const auto it = slots.find(id_);
+    if (it != slots.end()) return &it->second;
+    if (!create) return nullptr;
+    if (slots.size() >= kMaxCaches) slots.clear();
+    return &slots[id_];
+  }
+
+  static uint64_t NextId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  const uint64_t id_;
+  // On a cache line of its own: read by every lookup of every thread, so nothing else that is
+  // written may share it.
+  alignas(64) std::atomic<uint64_t> generation_{0};
+  char pad_[64 - sizeof(std::atomic<uint64_t>)] = {};
+};
+
+}  // namespace gemvz::internal

@@ -1,0 +1,122 @@
+// The per-thread front of the launch path's memos: what one thread keeps, another does not see;
+// an invalidation drops every thread's copies; an answer read before an invalidation is not kept.
+#include "runtime/common/per_thread_cache.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace gemvz::internal {
+namespace {
+
+using Cache = PerThreadCache<int, std::string>;
+
+TEST(PerThreadCacheTest, FindsWhatThisThreadInserted) {
+  Cache cache;
+  EXPECT_EQ(cache.Find(1), nullptr);
+  cache.Insert(1, "one", cache.generation());
+  cache.Insert(2, "two", cache.generation());
+  ASSERT_NE(cache.Find(1), nullptr);
+  EXPECT_EQ(*cache.Find(1), "one");
+  EXPECT_EQ(*cache.Find(2), "two");
+  EXPECT_EQ(cache.Find(3), nullptr);
+  cache.Insert(1, "uno", cache.generation());  // a newer answer replaces the copy
+  EXPECT_EQ(*cache.Find(1), "uno");
+}
+
+TEST(PerThreadCacheTest, AnotherThreadHasCopiesOfItsOwn) {
+  Cache cache;
+  cache.Insert(7, "main", cache.generation());
+  std::string seen = "unset";
+  std::thread other([&] {
+    const std::string* before = cache.Find(7);
+    seen = before == nullptr ? "none" : *before;
+    cache.Insert(7, "other", cache.generation());
+  });
+  other.join();
+  EXPECT_EQ(seen, "none");
+  ASSERT_NE(cache.Find(7), nullptr);
+  EXPECT_EQ(*cache.Find(7), "main");  // the other thread's insert is its own
+}
+
+TEST(PerThreadCacheTest, InvalidateDropsEveryThreadsCopies) {
+  Cache cache;
+  cache.Insert(1, "main", cache.generation());
+  std::vector<std::thread> threads;
+  std::vector<int> found_after(4, -1);
+  std::atomic<int> inserted{0};
+  std::atomic<bool> invalidated{false};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      cache.Insert(1, "thread", cache.generation());
+      inserted.fetch_add(1);
+      while (!invalidated.load()) std::this_thread::yield();
+      found_after[t] = cache.Find(1) != nullptr;
+    });
+  }
+  while (inserted.load() < 4) std::this_thread::yield();
+  const uint64_t before = cache.generation();
+  cache.Invalidate();
+  EXPECT_NE(cache.generation(), before);
+  invalidated = true;
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(found_after[t], 0) << "thread " << t;
+  EXPECT_EQ(cache.Find(1), nullptr);
+  cache.Insert(1, "fresh", cache.generation());  // and the cache fills again
+  EXPECT_EQ(*cache.Find(1), "fresh");
+}
+
+// The protocol's race: a thread read the generation, then asked the shared memo, and an
+// invalidation came between; its answer may be the old one and must not be kept.
+TEST(PerThreadCacheTest, AnAnswerThatRacedAnInvalidationIsNotKept) {
+  Cache cache;
+  const uint64_t read_before_asking = cache.generation();
+  cache.Invalidate();
+  cache.Insert(1, "stale", read_before_asking);
+  EXPECT_EQ(cache.Find(1), nullptr);
+  // Copies made under the old generation are gone too, not only the raced insert.
+  const uint64_t g = cache.generation();
+  cache.Insert(2, "two", g);
+  cache.Invalidate();
+  EXPECT_EQ(cache.Find(2), nullptr);
+}
+
+TEST(PerThreadCacheTest, CachesOfOneTypeDoNotShareCopies) {
+  Cache a, b;
+  a.Insert(1, "a", a.generation());
+  EXPECT_EQ(b.Find(1), nullptr);
+  b.Insert(1, "b", b.generation());
+  EXPECT_EQ(*a.Find(1), "a");
+  EXPECT_EQ(*b.Find(1), "b");
+  a.Invalidate();
+  EXPECT_EQ(a.Find(1), nullptr);
+  ASSERT_NE(b.Find(1), nullptr) << "invalidating one cache dropped another's copies";
+  EXPECT_EQ(*b.Find(1), "b");
+}
+
+// A cache made where a destroyed one was (tests make and drop caches) starts empty: ids are not
+// reused, and many dead caches do not keep a thread's slots growing.
+TEST(PerThreadCacheTest, ANewCacheStartsEmptyAfterManyWereDestroyed) {
+  for (int i = 0; i < 200; ++i) {
+    auto cache = std::make_unique<Cache>();
+    EXPECT_EQ(cache->Find(5), nullptr) << "cache " << i;
+    cache->Insert(5, "x", cache->generation());
+    EXPECT_EQ(*cache->Find(5), "x");
+  }
+}
+
+TEST(PerThreadCacheTest, AThreadThatSweepsManyKeysStillFindsTheLatest) {
+  Cache cache;
+  for (int i = 0; i < 10000; ++i) {
+    cache.Insert(i, std::to_string(i), cache.generation());
+    ASSERT_NE(cache.Find(i), nullptr) << i;
+    EXPECT_EQ(*cache.Find(i), std::to_string(i));
+  }
+}
+
+}  // namespace
+}  // namespace gemvz::internal
