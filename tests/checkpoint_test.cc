@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -866,6 +867,40 @@ int RunTool(const std::string& args, std::string* out, std::string* err, const s
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+// Runs the CLI with its stderr on a new pseudo-terminal (stdout to `dir`/stdout.txt), as a user at
+// a terminal has it; returns its exit status and fills `terminal` with all the terminal received.
+// kNoTerminal: this machine gave no pseudo-terminal.
+constexpr int kNoTerminal = -2;
+int RunToolOnATerminal(const std::string& args, std::string* terminal, const std::string& dir) {
+  int master = -1, slave = -1;
+  if (::openpty(&master, &slave, nullptr, nullptr, nullptr) != 0) return kNoTerminal;
+  const std::string command = ToolPath() + " " + args + " >" + dir + "/stdout.txt";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(slave, 2);
+    ::close(master);
+    ::close(slave);
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(slave);
+  char buf[4096];
+  for (;;) {  // until EIO: every holder of the terminal's other side has closed it
+    const ssize_t n = ::read(master, buf, sizeof(buf));
+    if (n > 0) {
+      terminal->append(buf, static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      break;
+    }
+  }
+  ::close(master);
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 // A `gemvz pack --json` report (schema gemvz.pack/1) of a pack of `shards`: every field there,
 // the totals those of the tensors, `verified` as asked.
 void ExpectPackReport(const nlohmann::json& report, const std::vector<std::vector<Tensor>>& shards,
@@ -1030,6 +1065,37 @@ TEST(CheckpointTest, CommandLineShowsNamesEscapedAndKeepsThemWhole) {
   auto packed = internal::SafetensorsFile::Open(dir + "/packed/in.safetensors");
   ASSERT_TRUE(packed.ok()) << packed.status();
   EXPECT_NE((*packed)->Find(name), nullptr);
+}
+
+// On a terminal `pack` draws its progress bar in place, naming the tensor at work: a name's control
+// bytes are escaped there too (a name that clears the screen must not clear the user's), and the
+// bar reaches 100 % and leaves the cursor on a new line.
+TEST(CheckpointTest, CommandLineProgressBarOnATerminalShowsNamesEscaped) {
+  if (ToolPath().empty() || ::access(ToolPath().c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "the gemvz CLI was not built";
+  }
+  const std::string dir = MakeTempDir("checkpoint_test");
+  WriteAll(dir + "/in.safetensors",
+           RawFile("{\"evil\\u001b[2J\\u0000name\":{\"dtype\":\"BF16\",\"shape\":[2,4],"
+                   "\"data_offsets\":[0,16]}}",
+                   std::string(16, '\x11')));
+  std::string terminal;
+  const int rc =
+      RunToolOnATerminal("pack " + dir + "/in.safetensors -o " + dir + "/packed", &terminal, dir);
+  if (rc == kNoTerminal) GTEST_SKIP() << "no pseudo-terminal here: " << std::strerror(errno);
+  ASSERT_EQ(rc, 0) << absl::CHexEscape(terminal);
+  EXPECT_NE(terminal.find("\r["), std::string::npos)
+      << "no bar drawn: " << absl::CHexEscape(terminal);
+  EXPECT_NE(terminal.find("100%"), std::string::npos) << absl::CHexEscape(terminal);
+  EXPECT_NE(terminal.find("evil\\x1b[2J\\x00name"), std::string::npos)
+      << absl::CHexEscape(terminal);
+  EXPECT_EQ(terminal.find_first_of(std::string("\0\x1b", 2)), std::string::npos)
+      << absl::CHexEscape(terminal);
+  const size_t last_bar = terminal.rfind("\r[");
+  ASSERT_NE(last_bar, std::string::npos);
+  EXPECT_NE(terminal.find("100%", last_bar), std::string::npos) << absl::CHexEscape(terminal);
+  EXPECT_NE(terminal.find('\n', last_bar), std::string::npos)
+      << "the bar leaves the cursor on its line: " << absl::CHexEscape(terminal);
 }
 
 // --json may not replace an input nor a packed output, however it is spelt (a link, "./",
