@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gemvz/config.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/driver.h"
@@ -90,6 +91,19 @@ TEST_F(JitGpuTest, KernelFunctionIsTheLoadedOneAndGoesWithTheMemory) {
   ASSERT_TRUE(f3.ok()) << f3.status();
   EXPECT_EQ(f3->function, f->function);
 
+  // Another thread takes its own copy before the drop, and asks again after it.
+  CUfunction other_before = nullptr, other_after = nullptr;
+  absl::Notification copied, dropped;
+  std::thread t([&] {
+    const absl::StatusOr<KernelFunction> g = cache.FunctionForConfig(0, c);
+    if (g.ok()) other_before = g->function;
+    copied.Notify();
+    dropped.WaitForNotification();
+    const absl::StatusOr<KernelFunction> h = cache.FunctionForConfig(0, c);
+    if (h.ok()) other_after = h->function;
+  });
+  copied.WaitForNotification();
+  EXPECT_EQ(other_before, f->function);
   const int64_t loads = cache.counters().module_loads;
   cache.DropMemoryForTesting();
   const absl::StatusOr<KernelFunction> again = cache.FunctionForConfig(0, c);
@@ -97,13 +111,10 @@ TEST_F(JitGpuTest, KernelFunctionIsTheLoadedOneAndGoesWithTheMemory) {
   EXPECT_EQ(cache.counters().module_loads, loads + 1)
       << "the dropped function was still found in this thread's copy";
   ASSERT_NE(again->function, nullptr);
-  CUfunction other = nullptr;
-  std::thread t([&] {
-    const absl::StatusOr<KernelFunction> g = cache.FunctionForConfig(0, c);
-    if (g.ok()) other = g->function;
-  });
+  EXPECT_NE(again->function, f->function) << "a new load gives a new function";
+  dropped.Notify();
   t.join();
-  EXPECT_EQ(other, again->function);
+  EXPECT_EQ(other_after, again->function) << "the other thread kept its copy across the drop";
   EXPECT_EQ(cache.counters().module_loads, loads + 1);
 }
 

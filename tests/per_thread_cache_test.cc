@@ -85,6 +85,47 @@ TEST(PerThreadCacheTest, AnAnswerThatRacedAnInvalidationIsNotKept) {
   EXPECT_EQ(cache.Find(2), nullptr);
 }
 
+// After an invalidation the thread's next answer, for any key, must not bring back the copies
+// from before it: they are dropped, not merely restamped.
+TEST(PerThreadCacheTest, ANewAnswerDoesNotRestoreCopiesFromBeforeAnInvalidation) {
+  Cache cache;
+  cache.Insert(1, "old", cache.generation());
+  cache.Invalidate();
+  cache.Insert(2, "two", cache.generation());
+  EXPECT_EQ(cache.Find(1), nullptr);
+  ASSERT_NE(cache.Find(2), nullptr);
+  EXPECT_EQ(*cache.Find(2), "two");
+}
+
+// A lookup after the thread's copies were destroyed (a static or thread_local object's destructor
+// that calls into the library as the thread ends) finds nothing and keeps nothing, rather than use
+// a destroyed map.
+Cache* late_cache = nullptr;
+std::atomic<int> late_lookups{0}, late_found{0};
+struct LookupAtThreadExit {
+  ~LookupAtThreadExit() {
+    late_cache->Insert(9, "late", late_cache->generation());
+    late_lookups.fetch_add(1);
+    if (late_cache->Find(9) != nullptr) late_found.fetch_add(1);
+  }
+};
+
+TEST(PerThreadCacheTest, ALookupAfterTheThreadsCopiesAreGoneFindsNothing) {
+  Cache cache;
+  late_cache = &cache;
+  std::thread t([&] {
+    // Made before the thread's first use of the cache, so destroyed after its copies.
+    thread_local LookupAtThreadExit at_exit;
+    (void)&at_exit;
+    cache.Insert(1, "one", cache.generation());
+    ASSERT_NE(cache.Find(1), nullptr);
+  });
+  t.join();
+  EXPECT_EQ(late_lookups.load(), 1);
+  EXPECT_EQ(late_found.load(), 0) << "a copy was kept in the thread's destroyed map";
+  late_cache = nullptr;
+}
+
 TEST(PerThreadCacheTest, CachesOfOneTypeDoNotShareCopies) {
   Cache a, b;
   a.Insert(1, "a", a.generation());

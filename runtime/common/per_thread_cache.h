@@ -45,13 +45,15 @@ class PerThreadCache {
 
   // Keeps a copy of `value` for this thread, stamped with `generation`: a copy stamped before an
   // invalidation is never found (Find compares the stamp), and the next Insert drops it.
+  // Does nothing on a thread whose copies were destroyed (below).
   void Insert(const Key& key, Value value, uint64_t generation) {
-    Slot& slot = *LocalSlot(/*create=*/true);
-    if (slot.generation != generation || slot.map.size() >= kMaxEntries) {
-      slot.map.clear();
-      slot.generation = generation;
+    Slot* const slot = LocalSlot(/*create=*/true);
+    if (slot == nullptr) return;
+    if (slot->generation != generation || slot->map.size() >= kMaxEntries) {
+      slot->map.clear();
+      slot->generation = generation;
     }
-    slot.map.insert_or_assign(key, std::move(value));
+    slot->map.insert_or_assign(key, std::move(value));
   }
 
  private:
@@ -65,13 +67,29 @@ class PerThreadCache {
   // are not reused), so past this many they all go and the live ones refill.
   static constexpr size_t kMaxCaches = 64;
 
+  // Cache id -> this thread's copies. A thread's thread_local objects are destroyed as it ends
+  // (the main thread's before any static object), and a lookup may come later: from the
+  // destructor of a DeviceMatrix that is static or thread_local, which enters its device's
+  // context. Once the map is gone `dead` is set, and such a lookup asks the shared memo instead.
+  struct Slots {
+    absl::flat_hash_map<uint64_t, Slot> map;
+    ~Slots() { Dead() = true; }
+  };
+  static bool& Dead() {
+    thread_local bool dead = false;  // trivially destructible: never destroyed before use
+    return dead;
+  }
+
+  // This thread's slot for this cache; null when it has none (and !create), or its copies were
+  // destroyed.
   Slot* LocalSlot(bool create) const {
-    thread_local absl::flat_hash_map<uint64_t, Slot> slots;  // cache id -> this thread's copies
-    const auto it = slots.find(id_);
-    if (it != slots.end()) return &it->second;
+    if (Dead()) return nullptr;
+    thread_local Slots slots;
+    const auto it = slots.map.find(id_);
+    if (it != slots.map.end()) return &it->second;
     if (!create) return nullptr;
-    if (slots.size() >= kMaxCaches) slots.clear();
-    return &slots[id_];
+    if (slots.map.size() >= kMaxCaches) slots.map.clear();
+    return &slots.map[id_];
   }
 
   static uint64_t NextId() {

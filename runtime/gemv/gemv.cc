@@ -159,12 +159,15 @@ PerThreadCache<WorkspaceKey, std::shared_ptr<Workspace>>& WorkspaceFront() {
   return *front;
 }
 
-// The stream's workspace, made on its first call. One released since this thread last asked may
-// still be returned (a release's invalidation can race a lookup): LockedWorkspace checks.
-std::shared_ptr<Workspace> GetWorkspace(CUcontext ctx, CUstream stream) {
+// The stream's workspace, made on its first call. From this thread's copy unless `from_map`: one
+// released since this thread last asked may be returned (a release's invalidation can race a
+// lookup), which LockedWorkspace checks, asking the map itself then.
+std::shared_ptr<Workspace> GetWorkspace(CUcontext ctx, CUstream stream, bool from_map) {
   const WorkspaceKey key = KeyFor(ctx, stream);
   PerThreadCache<WorkspaceKey, std::shared_ptr<Workspace>>& front = WorkspaceFront();
-  if (const std::shared_ptr<Workspace>* hit = front.Find(key)) return *hit;
+  if (!from_map) {
+    if (const std::shared_ptr<Workspace>* hit = front.Find(key)) return *hit;
+  }
   const uint64_t generation = front.generation();
   std::shared_ptr<Workspace> found = FindWorkspace(ctx, stream);
   if (found == nullptr) {
@@ -182,8 +185,8 @@ std::shared_ptr<Workspace> GetWorkspace(CUcontext ctx, CUstream stream) {
 class LockedWorkspace {
  public:
   LockedWorkspace(CUcontext ctx, CUstream stream) {
-    for (;;) {
-      w_ = GetWorkspace(ctx, stream);
+    for (bool retry = false;; retry = true) {
+      w_ = GetWorkspace(ctx, stream, /*from_map=*/retry);
       w_->mu.Lock();
       if (!w_->released) return;
       w_->mu.Unlock();
