@@ -4,10 +4,13 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 
 namespace gemvz::internal {
@@ -83,6 +86,53 @@ TEST(PerThreadCacheTest, AnAnswerThatRacedAnInvalidationIsNotKept) {
   cache.Insert(2, "two", g);
   cache.Invalidate();
   EXPECT_EQ(cache.Find(2), nullptr);
+}
+
+// FindOrAsk: the thread's copy when it has one; else the memo's answer, kept when it is one (a
+// value, an ok StatusOr, an engaged optional), and not kept when the memo was invalidated while it
+// was being asked (the generation is read before asking).
+TEST(PerThreadCacheTest, FindOrAskKeepsAnswersButNotErrorsNorOnesThatRacedAnInvalidation) {
+  Cache cache;
+  int asked = 0;
+  auto value = [&] {
+    ++asked;
+    return std::string("v");
+  };
+  EXPECT_EQ(cache.FindOrAsk(1, value), "v");
+  EXPECT_EQ(cache.FindOrAsk(1, value), "v");
+  EXPECT_EQ(asked, 1);
+
+  auto error = [&]() -> absl::StatusOr<std::string> {
+    ++asked;
+    return absl::NotFoundError("no");
+  };
+  EXPECT_FALSE(cache.FindOrAsk(2, error).ok());
+  EXPECT_FALSE(cache.FindOrAsk(2, error).ok());
+  EXPECT_EQ(asked, 3) << "an error was kept";
+  auto found = [&]() -> absl::StatusOr<std::string> {
+    ++asked;
+    return std::string("s");
+  };
+  EXPECT_EQ(*cache.FindOrAsk(2, found), "s");
+  EXPECT_EQ(*cache.FindOrAsk(2, found), "s");
+  EXPECT_EQ(asked, 4);
+
+  auto none = [&]() -> std::optional<std::string> {
+    ++asked;
+    return std::nullopt;
+  };
+  EXPECT_FALSE(cache.FindOrAsk(3, none).has_value());
+  EXPECT_FALSE(cache.FindOrAsk(3, none).has_value());
+  EXPECT_EQ(asked, 6) << "a nullopt was kept";
+
+  auto racing = [&] {
+    ++asked;
+    cache.Invalidate();  // another thread changed the memo while this one asked it
+    return std::string("stale");
+  };
+  EXPECT_EQ(cache.FindOrAsk(4, racing), "stale");
+  EXPECT_EQ(cache.FindOrAsk(4, value), "v") << "an answer that raced an invalidation was kept";
+  EXPECT_EQ(asked, 8);
 }
 
 // After an invalidation the thread's next answer, for any key, must not bring back the copies

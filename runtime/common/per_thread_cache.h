@@ -5,18 +5,21 @@
 // the lookup under it takes 0.2 (docs/BENCHMARKS.md, "The JIT"). A hit here reads only the calling
 // thread's own map and one atomic counter that nothing but an invalidation writes.
 //
-// Use: Find; on a miss, read generation() *before* asking the shared memo, then Insert the answer
-// with that generation, so that an answer that raced an Invalidate is not kept. Call Invalidate
-// after the shared memo forgot or changed an answer: every thread's copies are dropped at its next
-// Find. Answers that never change (a device's context) need no invalidation.
+// Use: FindOrAsk(key, ask), where ask() asks the shared memo. It is the protocol in one call:
+// Find; on a miss, read generation() *before* asking, then Insert the answer with that generation,
+// so that an answer that raced an Invalidate is not kept. Call Invalidate after the shared memo
+// forgot or changed an answer: every thread's copies are dropped at its next Find. Answers that
+// never change (a device's context) need no invalidation.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 
 namespace gemvz::internal {
 
@@ -26,6 +29,18 @@ class PerThreadCache {
   PerThreadCache() : id_(NextId()) {}
   PerThreadCache(const PerThreadCache&) = delete;
   PerThreadCache& operator=(const PerThreadCache&) = delete;
+
+  // This thread's copy of the answer for `key`, else ask()'s, which is kept as a copy when it is
+  // one: ask() returns a Value, or an absl::StatusOr or std::optional of one (an error or nullopt
+  // is returned and not kept).
+  template <typename Ask>
+  auto FindOrAsk(const Key& key, Ask&& ask) -> decltype(ask()) {
+    if (const Value* hit = Find(key)) return *hit;
+    const uint64_t asked_at = generation();
+    auto answer = ask();
+    if (const Value* value = AnswerIn(answer)) Insert(key, *value, asked_at);
+    return answer;
+  }
 
   uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
 
@@ -91,6 +106,10 @@ class PerThreadCache {
     if (slots.map.size() >= kMaxCaches) slots.map.clear();
     return &slots.map[id_];
   }
+
+  static const Value* AnswerIn(const Value& v) { return &v; }
+  static const Value* AnswerIn(const absl::StatusOr<Value>& v) { return v.ok() ? &*v : nullptr; }
+  static const Value* AnswerIn(const std::optional<Value>& v) { return v ? &*v : nullptr; }
 
   static uint64_t NextId() {
     static std::atomic<uint64_t> next{1};

@@ -94,17 +94,15 @@ int DeviceCount() {
   return n;
 }
 
-absl::StatusOr<CUcontext> PrimaryContext(int device) {
+namespace {
+
+// The device's primary context, retained at the first call and kept for the process.
+absl::StatusOr<CUcontext> RetainedPrimaryContext(int device) {
   static absl::Mutex mu(absl::kConstInit);
   static std::vector<CUcontext>* contexts = new std::vector<CUcontext>();
-  // Every Gemv enters its device's context: once retained, each thread finds it in its own copy.
-  static auto* front = new PerThreadCache<int, CUcontext>();
-  if (const CUcontext* known = front->Find(device)) return *known;
-  const uint64_t generation = front->generation();
   if (device >= 0) {
     absl::ReaderMutexLock lock(&mu);
     if (static_cast<size_t>(device) < contexts->size() && (*contexts)[device] != nullptr) {
-      front->Insert(device, (*contexts)[device], generation);
       return (*contexts)[device];
     }
   }
@@ -124,8 +122,15 @@ absl::StatusOr<CUcontext> PrimaryContext(int device) {
     CU_RETURN_IF_ERROR(cuDevicePrimaryCtxRetain(&ctx, dev));
     (*contexts)[device] = ctx;
   }
-  front->Insert(device, (*contexts)[device], generation);
   return (*contexts)[device];
+}
+
+}  // namespace
+
+absl::StatusOr<CUcontext> PrimaryContext(int device) {
+  // Every Gemv enters its device's context: once retained, each thread finds it in its own copy.
+  static auto* front = new PerThreadCache<int, CUcontext>();
+  return front->FindOrAsk(device, [device] { return RetainedPrimaryContext(device); });
 }
 
 absl::StatusOr<ScopedDeviceContext> ScopedDeviceContext::Enter(int device) {

@@ -57,39 +57,8 @@ class Dispatcher {
     const PlanKey plan_key{arch,     device,   static_cast<int>(format), launch.m, launch.n,
                            launch.k, sm_count, static_cast<int>(order)};
     // Every Gemv asks: a plan answered before is the thread's own copy, found with no lock.
-    if (const GemvPlan* hit = front_.Find(plan_key)) return *hit;
-    const uint64_t generation = front_.generation();
-    absl::MutexLock lock(&mu_);
-    if (const auto it = plans_.find(plan_key); it != plans_.end()) {
-      front_.Insert(plan_key, it->second, generation);
-      return it->second;
-    }
-    if (!loaded_) LoadLocked();
-
-    GemvPlan plan;
-    // This GPU's own entry, else one that serves any GPU of the arch.
-    auto tuned = entries_.find(
-        ChoiceKey{arch, device, static_cast<int>(format), launch.m, launch.n, launch.k});
-    if (tuned == entries_.end() && !device.empty()) {
-      tuned = entries_.find(
-          ChoiceKey{arch, kAnyDevice, static_cast<int>(format), launch.m, launch.n, launch.k});
-    }
-    if (tuned != entries_.end() && tuned->second.order == order) {
-      plan.config = tuned->second;
-      plan.source = "tuning-file";
-    } else if (std::optional<KernelConfig> t = LookupBuiltinTable(launch, format, arch, order)) {
-      plan.config = *t;
-      plan.source = "tuned";
-    } else {
-      plan.config = InOrder(HeuristicConfig(launch, format, sm_count), order);
-      plan.source = "heuristic";
-    }
-    plan.chunk_m = std::min<int64_t>(launch.m, plan.config.tokens_per_launch());
-    // Bounded for callers that sweep many shapes; a cleared memo only costs a recomputation.
-    if (plans_.size() >= kMaxPlans) plans_.clear();
-    plans_[plan_key] = plan;
-    front_.Insert(plan_key, plan, generation);
-    return plan;
+    return front_.FindOrAsk(
+        plan_key, [&] { return Plan(plan_key, launch, format, arch, device, sm_count, order); });
   }
 
   // The order of the tuning file's (arch, device, z12, *, n, k) entries, else of its (arch, no
@@ -125,6 +94,40 @@ class Dispatcher {
   }
 
  private:
+  // plans_' answer for `plan_key`, made on a miss: the tuning file's entry, else the built-in
+  // table's, else the heuristic's.
+  GemvPlan Plan(const PlanKey& plan_key, const GemvShape& launch, WeightFormat format,
+                const std::string& arch, const std::string& device, int sm_count, WeightOrder order)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (const auto it = plans_.find(plan_key); it != plans_.end()) return it->second;
+    if (!loaded_) LoadLocked();
+
+    GemvPlan plan;
+    // This GPU's own entry, else one that serves any GPU of the arch.
+    auto tuned = entries_.find(
+        ChoiceKey{arch, device, static_cast<int>(format), launch.m, launch.n, launch.k});
+    if (tuned == entries_.end() && !device.empty()) {
+      tuned = entries_.find(
+          ChoiceKey{arch, kAnyDevice, static_cast<int>(format), launch.m, launch.n, launch.k});
+    }
+    if (tuned != entries_.end() && tuned->second.order == order) {
+      plan.config = tuned->second;
+      plan.source = "tuning-file";
+    } else if (std::optional<KernelConfig> t = LookupBuiltinTable(launch, format, arch, order)) {
+      plan.config = *t;
+      plan.source = "tuned";
+    } else {
+      plan.config = InOrder(HeuristicConfig(launch, format, sm_count), order);
+      plan.source = "heuristic";
+    }
+    plan.chunk_m = std::min<int64_t>(launch.m, plan.config.tokens_per_launch());
+    // Bounded for callers that sweep many shapes; a cleared memo only costs a recomputation.
+    if (plans_.size() >= kMaxPlans) plans_.clear();
+    plans_[plan_key] = plan;
+    return plan;
+  }
+
   // The order of the (arch, device, z12, *, n, k) entries exactly: nullopt when there are none.
   std::optional<WeightOrder> FileOrderLocked(const std::string& arch, const std::string& device,
                                              int64_t n, int64_t k)

@@ -208,27 +208,20 @@ TuneKey KeyOf(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& i
 std::optional<GemvPlan> AutotunedBefore(const DeviceMatrix& w, const GemvShape& shape,
                                         const DeviceInfo& info) {
   const TuneKey key = KeyOf(w, shape, info);
-  if (const GemvPlan* hit = TunedFront().Find(key)) return *hit;
-  const uint64_t generation = TunedFront().generation();
-  absl::MutexLock lock(&tune_mu);
-  if (auto it = Tuned().find(key); it != Tuned().end()) {
-    TunedFront().Insert(key, it->second, generation);
-    return it->second;
-  }
-  return std::nullopt;
+  return TunedFront().FindOrAsk(key, [&]() -> std::optional<GemvPlan> {
+    absl::MutexLock lock(&tune_mu);
+    if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
+    return std::nullopt;
+  });
 }
 
-GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& info,
-                  const GemvPlan& fallback) {
+namespace {
+// Autotune's answer from Tuned(), tuning the shape there on a miss.
+GemvPlan TunedOrTune(const TuneKey& key, const DeviceMatrix& w, const GemvShape& shape,
+                     const DeviceInfo& info, const GemvPlan& fallback) {
   const DeviceMatrixState& s = *w.state();
-  const TuneKey key = KeyOf(w, shape, info);
-  if (const GemvPlan* hit = TunedFront().Find(key)) return *hit;
-  const uint64_t generation = TunedFront().generation();
   absl::MutexLock lock(&tune_mu);  // one tuning at a time; the others wait for its answer
-  if (auto it = Tuned().find(key); it != Tuned().end()) {
-    TunedFront().Insert(key, it->second, generation);
-    return it->second;
-  }
+  if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
   float best_ms = 0;
   absl::StatusOr<GemvPlan> tuned = TuneShape(w, shape, info, &best_ms);
   if (!tuned.ok()) {
@@ -237,7 +230,6 @@ GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInf
                       shape.ToString(), fallback.config.ToString(), fallback.source,
                       tuned.status().ToString());
     Tuned()[key] = fallback;
-    TunedFront().Insert(key, fallback, generation);
     return fallback;
   }
   TunedChoice choice;
@@ -256,8 +248,14 @@ GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInf
   GEMVZ_LOG_INFO("autotune %s: %s wins at %.2f us", shape.ToString(), tuned->config.ToString(),
                  choice.time_us);
   Tuned()[key] = *tuned;
-  TunedFront().Insert(key, *tuned, generation);
   return *tuned;
+}
+}  // namespace
+
+GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& info,
+                  const GemvPlan& fallback) {
+  const TuneKey key = KeyOf(w, shape, info);
+  return TunedFront().FindOrAsk(key, [&] { return TunedOrTune(key, w, shape, info, fallback); });
 }
 
 void ForgetAutotunedForTesting() {

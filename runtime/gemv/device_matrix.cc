@@ -26,17 +26,15 @@ DeviceMatrixState::~DeviceMatrixState() {
   for (CUdeviceptr p : allocations) (*d)->cuMemFree(p);
 }
 
-absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
+namespace {
+
+// The device's facts, queried at the first call and kept for the process.
+absl::StatusOr<DeviceInfo> QueriedDeviceInfo(int device) {
   static absl::Mutex mu(absl::kConstInit);
   static auto* cache = new std::vector<std::optional<DeviceInfo>>();
-  // Every Gemv asks: a known device's answer is each thread's own copy, found with no lock.
-  static auto* front = new PerThreadCache<int, DeviceInfo>();
-  if (const DeviceInfo* known = front->Find(device)) return *known;
-  const uint64_t generation = front->generation();
   {
     absl::ReaderMutexLock lock(&mu);
     if (device >= 0 && static_cast<size_t>(device) < cache->size() && (*cache)[device]) {
-      front->Insert(device, *(*cache)[device], generation);
       return *(*cache)[device];
     }
   }
@@ -73,8 +71,15 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
   CU_RETURN_IF_ERROR(cuDeviceGetName(name, sizeof(name), dev));
   info.name = name;
   (*cache)[device] = info;
-  front->Insert(device, info, generation);
   return info;
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
+  // Every Gemv asks: a known device's answer is each thread's own copy, found with no lock.
+  static auto* front = new PerThreadCache<int, DeviceInfo>();
+  return front->FindOrAsk(device, [device] { return QueriedDeviceInfo(device); });
 }
 
 absl::StatusOr<WeightOrder> ResolveOrder(const std::optional<WeightOrder>& requested,

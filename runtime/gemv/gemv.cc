@@ -159,25 +159,19 @@ PerThreadCache<WorkspaceKey, std::shared_ptr<Workspace>>& WorkspaceFront() {
   return *front;
 }
 
-// The stream's workspace, made on its first call. From this thread's copy unless `from_map`: one
-// released since this thread last asked may be returned (a release's invalidation can race a
-// lookup), which LockedWorkspace checks, asking the map itself then.
-std::shared_ptr<Workspace> GetWorkspace(CUcontext ctx, CUstream stream, bool from_map) {
-  const WorkspaceKey key = KeyFor(ctx, stream);
-  PerThreadCache<WorkspaceKey, std::shared_ptr<Workspace>>& front = WorkspaceFront();
-  if (!from_map) {
-    if (const std::shared_ptr<Workspace>* hit = front.Find(key)) return *hit;
-  }
-  const uint64_t generation = front.generation();
-  std::shared_ptr<Workspace> found = FindWorkspace(ctx, stream);
-  if (found == nullptr) {
-    absl::MutexLock lock(&workspaces_mu);
-    std::shared_ptr<Workspace>& w = Workspaces()[key];
-    if (w == nullptr) w = std::make_shared<Workspace>();
-    found = w;
-  }
-  front.Insert(key, found, generation);
-  return found;
+// The stream's workspace in the map, made on its first call.
+std::shared_ptr<Workspace> MapWorkspace(CUcontext ctx, CUstream stream) {
+  if (std::shared_ptr<Workspace> found = FindWorkspace(ctx, stream)) return found;
+  absl::MutexLock lock(&workspaces_mu);
+  std::shared_ptr<Workspace>& w = Workspaces()[KeyFor(ctx, stream)];
+  if (w == nullptr) w = std::make_shared<Workspace>();
+  return w;
+}
+
+// The same from this thread's copy: one released since this thread last asked may be returned (a
+// release's invalidation can race a lookup), which LockedWorkspace checks, asking the map then.
+std::shared_ptr<Workspace> GetWorkspace(CUcontext ctx, CUstream stream) {
+  return WorkspaceFront().FindOrAsk(KeyFor(ctx, stream), [&] { return MapWorkspace(ctx, stream); });
 }
 
 // The stream's workspace, locked for as long as this lives. One released between the fetch and
@@ -186,7 +180,7 @@ class LockedWorkspace {
  public:
   LockedWorkspace(CUcontext ctx, CUstream stream) {
     for (bool retry = false;; retry = true) {
-      w_ = GetWorkspace(ctx, stream, /*from_map=*/retry);
+      w_ = retry ? MapWorkspace(ctx, stream) : GetWorkspace(ctx, stream);
       w_->mu.Lock();
       if (!w_->released) return;
       w_->mu.Unlock();

@@ -351,13 +351,11 @@ absl::StatusOr<KernelFunction> KernelCache::FunctionForConfig(int device,
                                                               const KernelConfig& config) {
   KernelConfig kernel = config;
   kernel.splits = 1;  // as in LoadForConfig
-  const std::pair<int, KernelConfig> id(device, kernel);
-  if (const KernelFunction* hit = function_front_.Find(id)) return *hit;
-  const uint64_t generation = function_front_.generation();
-  ASSIGN_OR_RETURN(const LoadedKernel loaded, LoadForConfig(device, config));
-  const KernelFunction f{loaded.function, loaded.blocks_per_sm};
-  function_front_.Insert(id, f, generation);
-  return f;
+  return function_front_.FindOrAsk(
+      std::pair<int, KernelConfig>(device, kernel), [&]() -> absl::StatusOr<KernelFunction> {
+        ASSIGN_OR_RETURN(const LoadedKernel loaded, LoadForConfig(device, config));
+        return KernelFunction{loaded.function, loaded.blocks_per_sm};
+      });
 }
 
 JitCounters KernelCache::counters() const {
