@@ -1397,6 +1397,82 @@ TEST(Gemv, AutotuneSkipsFailingCandidatesAndRemembersAFailure) {
   EXPECT_NE((*saved)[0].config, *failed);
 }
 
+// GEMVZ_AUTOTUNE=1, no tuning file (so a tuned shape's answer lives only in the process): while
+// one thread tunes a shape, other threads' first calls for a shape tuned earlier, eager or during
+// a capture, get its answer without waiting for that tuning; and a call for the shape being tuned
+// waits for that tuning's answer instead of tuning the shape again.
+TEST(Gemv, ATuningDoesNotHoldUpCallsForShapesTunedBefore) {
+  GEMVZ_REQUIRE_GPU();
+  const ScopedAutotune autotune("2");
+  const jit_test::ScopedEnv no_file("GEMVZ_TUNING_FILE", std::nullopt);
+  const jit_test::ScopedEnv no_disk("GEMVZ_DISABLE_DISK_CACHE", "1");
+  internal::InvalidateTuningFileCache();
+  const uint64_t seed = FreshSeed();
+  const int64_t k = 2048, m = 4;  // no table has 1280x2048 or 2816x2048
+  const Problem tuned = Problem::Make(1280, k, MixedWeights(1280, k, seed));
+  const Problem tuning = Problem::Make(2816, k, MixedWeights(2816, k, seed + 1));
+  for (const Problem* p : {&tuned, &tuning}) {
+    const absl::StatusOr<GemvPlan> plan = internal::PlanGemvInternal(p->dm, m, {}, false);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(plan->source, "heuristic") << p->n << "x" << k;
+  }
+  ::testing::internal::CaptureStderr();  // each tuning's save that cannot be
+  const absl::StatusOr<GemvPlan> earlier = internal::PlanGemvInternal(tuned.dm, m, {}, true);
+  ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(earlier.ok()) << earlier.status();
+  ASSERT_EQ(earlier->source, "autotuned");
+
+  // The tuning holds at its first compiled candidate until released.
+  absl::Notification in_tuning, release;
+  std::atomic<int> compiled{0};
+  internal::SetAutotuneCandidateHookForTesting(
+      [&](const KernelConfig&, internal::AutotuneStage stage) -> absl::Status {
+        if (stage == internal::AutotuneStage::kCompile && compiled.fetch_add(1) == 0) {
+          in_tuning.Notify();
+          release.WaitForNotificationWithTimeout(absl::Seconds(120));
+        }
+        return absl::OkStatus();
+      });
+  absl::StatusOr<GemvPlan> tuner_plan, waiter_plan, eager_plan, capture_plan;
+  ::testing::internal::CaptureStderr();
+  absl::Notification eager_done, capture_done;
+  std::thread tuner([&] { tuner_plan = internal::PlanGemvInternal(tuning.dm, m, {}, true); });
+  const bool tuning_started = in_tuning.WaitForNotificationWithTimeout(absl::Seconds(120));
+  std::thread waiter([&] { waiter_plan = internal::PlanGemvInternal(tuning.dm, m, {}, true); });
+  std::thread eager([&] {
+    eager_plan = internal::PlanGemvInternal(tuned.dm, m, {}, true);
+    eager_done.Notify();
+  });
+  std::thread capture([&] {  // what Gemv asks while the caller's stream is being captured
+    capture_plan = internal::PlanGemvInternal(tuned.dm, m, {}, false);
+    capture_done.Notify();
+  });
+  const bool eager_in_time = eager_done.WaitForNotificationWithTimeout(absl::Seconds(20));
+  const bool capture_in_time = capture_done.WaitForNotificationWithTimeout(absl::Seconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the waiter at the tuning's lock
+  release.Notify();
+  for (std::thread* t : {&tuner, &waiter, &eager, &capture}) t->join();
+  ::testing::internal::GetCapturedStderr();
+
+  ASSERT_TRUE(tuning_started) << "the tuning never reached its first candidate";
+  EXPECT_TRUE(eager_in_time) << "an eager call for a tuned shape waited for another's tuning";
+  EXPECT_TRUE(capture_in_time) << "a call during a capture waited for another shape's tuning";
+  for (const absl::StatusOr<GemvPlan>* plan : {&eager_plan, &capture_plan}) {
+    ASSERT_TRUE(plan->ok()) << plan->status();
+    EXPECT_EQ((*plan)->source, "autotuned");
+    EXPECT_EQ((*plan)->config, earlier->config);
+  }
+  ASSERT_TRUE(tuner_plan.ok()) << tuner_plan.status();
+  ASSERT_TRUE(waiter_plan.ok()) << waiter_plan.status();
+  EXPECT_EQ(tuner_plan->source, "autotuned");
+  EXPECT_EQ(waiter_plan->source, "autotuned");
+  EXPECT_EQ(waiter_plan->config, tuner_plan->config);
+  EXPECT_GT(compiled.load(), 0);
+  EXPECT_LE(compiled.load(), 2) << "the shape was tuned again by the call that waited for it";
+  EXPECT_EQ(tuned.Check(m, {}, seed + 2), "");  // and the plans run right
+  EXPECT_EQ(tuning.Check(m, {}, seed + 3), "");
+}
+
 // Another thread captures a graph of its own stream in the default (global) mode while this one
 // makes first uses: a kernel never loaded, a split-K configuration's first workspace, and an
 // autotune; releases a stream's workspace; uploads weights and frees a matrix. None of them may

@@ -26,6 +26,10 @@ namespace {
 // (arch, device name, format, m, n, k, order): the tuning file's key, and the matrix's order.
 using TuneKey = std::tuple<std::string, std::string, int, int64_t, int64_t, int64_t, int>;
 
+// Two locks, taken in this order: `tuning_mu` lets one tuning run at a time (tunings side by side
+// would time each other's launches) and guards the candidate hook; `tune_mu` guards Tuned() and
+// is held only to read or write it, so that a lookup never waits behind a tuning of seconds.
+absl::Mutex tuning_mu(absl::kConstInit);
 absl::Mutex tune_mu(absl::kConstInit);
 absl::flat_hash_map<TuneKey, GemvPlan>& Tuned() {
   static auto* m = new absl::flat_hash_map<TuneKey, GemvPlan>();
@@ -193,7 +197,7 @@ absl::StatusOr<GemvPlan> TuneShape(const DeviceMatrix& w, const GemvShape& shape
 bool AutotuneEnabled() { return GetEnvBool("GEMVZ_AUTOTUNE", false); }
 
 void SetAutotuneCandidateHookForTesting(AutotuneHook hook) {
-  absl::MutexLock lock(&tune_mu);
+  absl::MutexLock lock(&tuning_mu);
   CandidateHook() = std::move(hook);
 }
 
@@ -203,16 +207,22 @@ TuneKey KeyOf(const DeviceMatrix& w, const GemvShape& shape, const DeviceInfo& i
   return TuneKey{info.arch, info.name, static_cast<int>(s.format), shape.m,
                  shape.n,   shape.k,   static_cast<int>(s.order)};
 }
+
+std::optional<GemvPlan> FindTuned(const TuneKey& key) {
+  absl::MutexLock lock(&tune_mu);
+  if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
+  return std::nullopt;
+}
+void KeepTuned(const TuneKey& key, const GemvPlan& plan) {
+  absl::MutexLock lock(&tune_mu);
+  Tuned()[key] = plan;
+}
 }  // namespace
 
 std::optional<GemvPlan> AutotunedBefore(const DeviceMatrix& w, const GemvShape& shape,
                                         const DeviceInfo& info) {
   const TuneKey key = KeyOf(w, shape, info);
-  return TunedFront().FindOrAsk(key, [&]() -> std::optional<GemvPlan> {
-    absl::MutexLock lock(&tune_mu);
-    if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
-    return std::nullopt;
-  });
+  return TunedFront().FindOrAsk(key, [&] { return FindTuned(key); });
 }
 
 namespace {
@@ -220,8 +230,10 @@ namespace {
 GemvPlan TunedOrTune(const TuneKey& key, const DeviceMatrix& w, const GemvShape& shape,
                      const DeviceInfo& info, const GemvPlan& fallback) {
   const DeviceMatrixState& s = *w.state();
-  absl::MutexLock lock(&tune_mu);  // one tuning at a time; the others wait for its answer
-  if (auto it = Tuned().find(key); it != Tuned().end()) return it->second;
+  if (std::optional<GemvPlan> kept = FindTuned(key)) return *kept;  // without waiting
+  // One tuning at a time: a call for a shape being tuned waits for its answer, found here.
+  absl::MutexLock one_tuning(&tuning_mu);
+  if (std::optional<GemvPlan> tuned = FindTuned(key)) return *tuned;
   float best_ms = 0;
   absl::StatusOr<GemvPlan> tuned = TuneShape(w, shape, info, &best_ms);
   if (!tuned.ok()) {
@@ -229,7 +241,7 @@ GemvPlan TunedOrTune(const TuneKey& key, const DeviceMatrix& w, const GemvShape&
     GEMVZ_LOG_WARNING("autotune of %s failed; %s (%s) serves it for the rest of the process: %s",
                       shape.ToString(), fallback.config.ToString(), fallback.source,
                       tuned.status().ToString());
-    Tuned()[key] = fallback;
+    KeepTuned(key, fallback);
     return fallback;
   }
   TunedChoice choice;
@@ -247,7 +259,7 @@ GemvPlan TunedOrTune(const TuneKey& key, const DeviceMatrix& w, const GemvShape&
   }
   GEMVZ_LOG_INFO("autotune %s: %s wins at %.2f us", shape.ToString(), tuned->config.ToString(),
                  choice.time_us);
-  Tuned()[key] = *tuned;
+  KeepTuned(key, *tuned);
   return *tuned;
 }
 }  // namespace
@@ -259,6 +271,7 @@ GemvPlan Autotune(const DeviceMatrix& w, const GemvShape& shape, const DeviceInf
 }
 
 void ForgetAutotunedForTesting() {
+  absl::MutexLock tuning(&tuning_mu);  // after a tuning in progress, which would keep its answer
   absl::MutexLock lock(&tune_mu);
   Tuned().clear();
   TunedFront().Invalidate();
