@@ -47,6 +47,7 @@ using testing::Distribution;
 using testing::FreshSeed;
 
 using testing::kPoison;
+using testing::TestStream;
 
 // The configurations of `format` over the given NW and S values, every UG (1, 2, 4), NB (1-4),
 // PIPE and, for z12, RB (1, 2, 4), that Validate accepts for one token row on [n, k], in that
@@ -601,14 +602,11 @@ TEST(Gemv, PaddedXIsZeroedOnEveryCall) {
   ASSERT_EQ(padded.dm.format(), WeightFormat::kBf16);
   const KernelConfig b{WeightFormat::kBf16, 4, 1, 1, 1, 1};  // no split-K: x's buffer alone
   ASSERT_TRUE(Validate(b, GemvShape{8, 208, 1024}).ok()) << b.ToString();  // the padded launch
-  absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
-  ASSERT_EQ(api.cuCtxSetCurrent(*ctx), CUDA_SUCCESS);
-  CUstream stream = nullptr;
-  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const TestStream stream;
 
   EXPECT_EQ(padded.Check(8, GemvOptions{b}, seed + 1, nullptr, stream), "");
-  const std::vector<CUdeviceptr> buffers = internal::StreamWorkspaceBuffers(*ctx, stream);
+  const std::vector<CUdeviceptr> buffers =
+      internal::StreamWorkspaceBuffers(stream.context(), stream);
   const absl::StatusOr<int64_t> bytes = GemvWorkspaceBytes(stream);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   ASSERT_EQ(buffers.size(), 1u) << "x's padded copy only";
@@ -618,9 +616,6 @@ TEST(Gemv, PaddedXIsZeroedOnEveryCall) {
   ASSERT_EQ(api.cuCtxSynchronize(), CUDA_SUCCESS);
   EXPECT_EQ(padded.Check(8, GemvOptions{b}, seed + 2, nullptr, stream), "");
   EXPECT_EQ(padded.Check(5, GemvOptions{b}, seed + 3, nullptr, stream), "") << "fewer rows";
-
-  ASSERT_TRUE(ReleaseGemvWorkspace(stream).ok());
-  api.cuStreamDestroy(stream);
 }
 
 TEST(Gemv, BitwiseDeterministic) {
@@ -845,7 +840,6 @@ struct CaptureOfOneCall {
 // empty graph). Outside the capture the same call sizes the workspace and runs right.
 TEST(Gemv, CaptureRefusesToGrowTheWorkspace) {
   GEMVZ_REQUIRE_GPU();
-  const auto& api = **internal::Driver();
   const uint64_t seed = FreshSeed();
   const int64_t n = 1024, k = 4096, m = 8;
   const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
@@ -854,8 +848,7 @@ TEST(Gemv, CaptureRefusesToGrowTheWorkspace) {
   auto x = testing::RandomActivations(m, k, seed);
   DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
   dx.Upload(x.data(), x.size() * 2);
-  CUstream stream = nullptr;
-  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const TestStream stream;
   const CaptureOfOneCall c(
       stream, [&] { return Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt); });
   ASSERT_EQ(c.end, CUDA_SUCCESS);
@@ -867,8 +860,6 @@ TEST(Gemv, CaptureRefusesToGrowTheWorkspace) {
             std::string::npos)
       << st;
   EXPECT_EQ(p.Check(m, opt, seed + 1, nullptr, stream), "");
-  EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());
-  api.cuStreamDestroy(stream);
 }
 
 // While a blocking stream is being captured, work sent to the legacy default stream would
@@ -876,17 +867,12 @@ TEST(Gemv, CaptureRefusesToGrowTheWorkspace) {
 // stream is refused before anything is enqueued, saying why, and the capture ends intact.
 TEST(Gemv, LegacyStreamCallLeavesABlockingStreamsCaptureIntact) {
   GEMVZ_REQUIRE_GPU();
-  const auto& api = **internal::Driver();
   const uint64_t seed = FreshSeed();
   const int64_t n = 1024, k = 4096, m = 8;
   const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
   const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 1}};  // no workspace needed
   ASSERT_EQ(p.Check(m, opt, seed), "");  // loaded, and right, on the legacy stream
-  absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
-  ASSERT_EQ(api.cuCtxSetCurrent(*ctx), CUDA_SUCCESS);
-  CUstream blocking = nullptr;
-  ASSERT_EQ(api.cuStreamCreate(&blocking, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+  const TestStream blocking(CU_STREAM_DEFAULT);
   DeviceBuffer dx(m * k * 2), dout(m * n * 2);
   const CaptureOfOneCall c(blocking, [&] {
     return Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr, opt);
@@ -896,7 +882,6 @@ TEST(Gemv, LegacyStreamCallLeavesABlockingStreamsCaptureIntact) {
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
   EXPECT_NE(st.message().find("legacy default stream"), std::string::npos) << st;
   EXPECT_EQ(p.Check(m, opt, seed + 1), "");  // after the capture, the legacy stream serves again
-  api.cuStreamDestroy(blocking);
 }
 
 // The flags a Gemv call gave its kernel (Z12Params or Bf16Params::flags), read from the one kernel
@@ -985,12 +970,7 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
   const auto& api = **internal::Driver();
   const uint64_t seed = FreshSeed();
   const WorkspaceGrowth w(seed);
-  // The stream is made in device 0's primary context, the one the library's calls enter.
-  absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
-  ASSERT_EQ(api.cuCtxSetCurrent(*ctx), CUDA_SUCCESS);
-  CUstream stream = nullptr;
-  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const TestStream stream;
   auto held = [&] {
     absl::StatusOr<int64_t> bytes = GemvWorkspaceBytes(stream);
     EXPECT_TRUE(bytes.ok()) << bytes.status();
@@ -1018,7 +998,8 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
   // Every buffer, the outgrown ones included, is an allocation before the release and none after
   // it. (Free device memory would say so too, but it moves with every other process on the GPU:
   // under `ctest -j8` this test failed on it alone.)
-  const std::vector<CUdeviceptr> buffers = internal::StreamWorkspaceBuffers(*ctx, stream);
+  const std::vector<CUdeviceptr> buffers =
+      internal::StreamWorkspaceBuffers(stream.context(), stream);
   EXPECT_GE(buffers.size(), 4u) << "partials and semaphores, small and grown";
   auto allocated = [&](CUdeviceptr p) {
     CUdeviceptr start = 0;
@@ -1030,7 +1011,7 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
   const absl::Status st = ReleaseGemvWorkspace(stream);
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(held(), 0);
-  EXPECT_TRUE(internal::StreamWorkspaceBuffers(*ctx, stream).empty());
+  EXPECT_TRUE(internal::StreamWorkspaceBuffers(stream.context(), stream).empty());
   for (const CUdeviceptr p : buffers) {
     EXPECT_FALSE(allocated(p)) << "buffer 0x" << std::hex << p << " was not freed";
   }
@@ -1045,8 +1026,6 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
   EXPECT_EQ(held(), row_blocks * w.big_opt.config->splits * w.big_opt.config->nb * 512 +
                         row_blocks * 4);
   ASSERT_TRUE(ReleaseGemvWorkspace(stream).ok());
-
-  api.cuStreamDestroy(stream);
   EXPECT_FALSE(ReleaseGemvWorkspace(nullptr, 99).ok());  // no such device
 }
 
@@ -1072,11 +1051,7 @@ TEST(Gemv, ReleaseRacingCallsOnTheSameStream) {
     outs.back()->Fill16(kPoison);
   }
   testing::Synchronize();
-  absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
-  ASSERT_EQ(api.cuCtxSetCurrent(*ctx), CUDA_SUCCESS);
-  CUstream stream = nullptr;
-  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const TestStream stream;
 
   // The releaser counts the releases that found a workspace to free; the calls go on until a few
   // did (or all kCalls are made), so that the race is run, not only a release beside idle calls.
@@ -1123,7 +1098,6 @@ TEST(Gemv, ReleaseRacingCallsOnTheSameStream) {
   absl::StatusOr<int64_t> held = GemvWorkspaceBytes(stream);
   ASSERT_TRUE(held.ok()) << held.status();
   EXPECT_EQ(*held, 0);
-  api.cuStreamDestroy(stream);
 }
 
 // With two GPUs: a stream of device 1 is refused for a matrix on device 0 (Gemv) and for device
@@ -1243,7 +1217,6 @@ TEST(Gemv, AutotuneOnFirstUsePersistsTheWinner) {
 // the heuristic's plan into the graph. The next call after the capture tunes the shape.
 TEST(Gemv, AutotuneWaitsForTheCaptureToEnd) {
   GEMVZ_REQUIRE_GPU();
-  const auto& api = **internal::Driver();
   const ScopedAutotune tuning("3");
   const uint64_t seed = FreshSeed();
   const int64_t n = 2304, k = 2048, m = 2;  // no table has 2304x2048
@@ -1259,8 +1232,7 @@ TEST(Gemv, AutotuneWaitsForTheCaptureToEnd) {
   auto x = testing::RandomActivations(m, k, seed);
   DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
   dx.Upload(x.data(), x.size() * 2);
-  CUstream stream = nullptr;
-  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const TestStream stream;
   // The heuristic's kernel loaded and this stream's workspace sized, forced, so with no tuning.
   ASSERT_EQ(p.Check(m, GemvOptions{heuristic->config}, seed, nullptr, stream), "");
   ASSERT_EQ(calls, 0);
@@ -1274,8 +1246,6 @@ TEST(Gemv, AutotuneWaitsForTheCaptureToEnd) {
   }
   EXPECT_EQ(p.Check(m, {}, seed + 1, nullptr, stream), "");
   EXPECT_GT(calls, 0) << "the shape was not tuned after the capture";
-  EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());
-  api.cuStreamDestroy(stream);
 }
 
 // GEMVZ_AUTOTUNE=1 with no tuning file to keep the winner (the disk cache off, no
@@ -1284,7 +1254,6 @@ TEST(Gemv, AutotuneWaitsForTheCaptureToEnd) {
 // two differ.
 TEST(Gemv, ACaptureRunsTheWinnerThatNoTuningFileKept) {
   GEMVZ_REQUIRE_GPU();
-  const auto& api = **internal::Driver();
   const ScopedAutotune tuning("4");
   const jit_test::ScopedEnv no_file("GEMVZ_TUNING_FILE", std::nullopt);
   const jit_test::ScopedEnv no_disk("GEMVZ_DISABLE_DISK_CACHE", "1");
@@ -1302,11 +1271,7 @@ TEST(Gemv, ACaptureRunsTheWinnerThatNoTuningFileKept) {
         }
         return absl::OkStatus();
       });
-  absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);  // current, for cuStreamCreate
-  ASSERT_TRUE(ctx.ok()) << ctx.status();
-  ASSERT_EQ(api.cuCtxSetCurrent(*ctx), CUDA_SUCCESS);
-  CUstream stream = nullptr;
-  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const TestStream stream;
   ::testing::internal::CaptureStderr();  // the failed candidate and the save that cannot be
   const std::string tuned_call = p.Check(m, {}, seed, nullptr, stream);
   const std::string err = ::testing::internal::GetCapturedStderr();
@@ -1331,8 +1296,6 @@ TEST(Gemv, ACaptureRunsTheWinnerThatNoTuningFileKept) {
           << "the graph runs another kernel than the winner, " << eager->config.ToString();
     }
   }
-  EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());
-  api.cuStreamDestroy(stream);
 }
 
 // A candidate that fails is skipped and the rest still tune; when every candidate fails, Gemv
@@ -1484,8 +1447,7 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   const uint64_t seed = FreshSeed();
   const Problem captured = Problem::Make(1024, 4096, MixedWeights(1024, 4096, seed));
   DeviceBuffer dx(16 * 4096 * 2), dout(16 * 4096 * 2);
-  CUstream capture_stream;
-  ASSERT_EQ(api.cuStreamCreate(&capture_stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const TestStream capture_stream;
   const GemvOptions captured_opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};
   ASSERT_TRUE(
       Gemv(captured.dm, dx.as<uint16_t>(), 8, dout.as<uint16_t>(), capture_stream, captured_opt)
@@ -1524,8 +1486,7 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   // Weights uploaded inside the window (packed and plain), generated outside it.
   const std::vector<uint16_t> upload_w = MixedWeights(256, 512, seed + 3);
   // A stream whose split-K workspace is released inside the window.
-  CUstream released;
-  ASSERT_EQ(api.cuStreamCreate(&released, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const TestStream released;
   DeviceBuffer rout(m * n * 2);
   ASSERT_TRUE(Gemv(tuned.dm, tx.as<uint16_t>(), m, rout.as<uint16_t>(), released, split_k).ok());
   ASSERT_EQ(api.cuStreamSynchronize(released), CUDA_SUCCESS);
@@ -1556,7 +1517,6 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   capturer.join();
   EXPECT_EQ(begin, CUDA_SUCCESS);
   EXPECT_TRUE(release.ok()) << release;
-  api.cuStreamDestroy(released);
   EXPECT_TRUE(dropped);
   ASSERT_TRUE(uploaded.ok()) << uploaded.status();
   ASSERT_TRUE(uploaded_plain.ok()) << uploaded_plain.status();
@@ -1580,8 +1540,6 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   EXPECT_TRUE(in_capture.ok()) << in_capture;
   EXPECT_EQ(end, CUDA_SUCCESS) << "the other thread's capture was invalidated";
   if (graph != nullptr) api.cuGraphDestroy(graph);
-  EXPECT_TRUE(ReleaseGemvWorkspace(capture_stream).ok());
-  api.cuStreamDestroy(capture_stream);
 }
 
 TEST(Gemv, TwoStreamsAtOnce) {
@@ -1596,9 +1554,7 @@ TEST(Gemv, TwoStreamsAtOnce) {
   dx1.Upload(x1.data(), x1.size() * 2);
   do0.Fill16(kPoison);
   do1.Fill16(kPoison);
-  CUstream s0, s1;
-  ASSERT_EQ(api.cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  ASSERT_EQ(api.cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const TestStream s0, s1;
   const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 2, 2, 3, 4}};  // split-K: workspaces
   absl::Status st0, st1;
   std::thread t0([&] {
@@ -1621,10 +1577,6 @@ TEST(Gemv, TwoStreamsAtOnce) {
     std::vector<double> ref, abs_sum;
     testing::ReferenceGemv(p.w, i == 0 ? x0 : x1, m, n, k, &ref, &abs_sum);
     EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "") << "stream " << i;
-  }
-  for (CUstream s : {s0, s1}) {
-    EXPECT_TRUE(ReleaseGemvWorkspace(s).ok());  // a later stream may get the same handle
-    api.cuStreamDestroy(s);
   }
 }
 
@@ -1657,9 +1609,7 @@ TEST(Gemv, AThreadBlockedOnAFullStreamDoesNotStallOtherStreams) {
   DeviceBuffer dx(m * k * 2), dout_a(m * n * 2), dout_b(m * n * 2);
   dx.Upload(x.data(), x.size() * 2);
   dout_b.Fill16(kPoison);
-  CUstream a, b;
-  ASSERT_EQ(api.cuStreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-  ASSERT_EQ(api.cuStreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const TestStream a, b;
   // Split-K, so that every call takes its stream's workspace.
   const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 1, 1, 2, 2}};
   ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout_b.as<uint16_t>(), b, opt).ok());  // compiled
@@ -1725,10 +1675,6 @@ TEST(Gemv, AThreadBlockedOnAFullStreamDoesNotStallOtherStreams) {
   std::vector<double> ref, abs_sum;
   testing::ReferenceGemv(p.w, x, m, n, k, &ref, &abs_sum);
   EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "");
-  for (CUstream s : {a, b}) {
-    EXPECT_TRUE(ReleaseGemvWorkspace(s).ok());  // a later stream may get the same handle
-    api.cuStreamDestroy(s);
-  }
   if (stalled_at >= kMaxCalls) {
     GTEST_SKIP() << kMaxCalls << " launches into the held stream never blocked: this driver's "
                  << "queue is deeper, so no thread was stalled to test against";
@@ -2118,8 +2064,7 @@ TEST(Gemv, HostOverheadReport) {
   const absl::StatusOr<HostOverheadSetup> made = HostOverheadSetup::Make(4096, 4096);
   ASSERT_TRUE(made.ok()) << made.status();
   const HostOverheadSetup& h = *made;
-  CUstream stream;
-  ASSERT_EQ(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const TestStream stream;
   constexpr int kCalls = 2000;
   auto time_calls = [&](auto&& call) {
     for (int i = 0; i < 100; ++i) call();  // warm
@@ -2137,8 +2082,6 @@ TEST(Gemv, HostOverheadReport) {
       "[ info ] host time per call, %s: bare cuLaunchKernel %.2f us, Gemv %.2f us "
       "(overhead %.2f us)\n",
       h.plan.config.ToString().c_str(), bare, gemv, gemv - bare);
-  EXPECT_TRUE(ReleaseGemvWorkspace(stream).ok());
-  api.cuStreamDestroy(stream);
 }
 
 // The same from 1, 2, 4 and 8 threads at once, each on its own stream, few enough calls that no

@@ -56,6 +56,25 @@ void DeviceBuffer::Fill16(uint16_t value) {
   Check(Api().cuMemsetD16(ptr_, value, bytes_ / 2), "cuMemsetD16");
 }
 
+TestStream::TestStream(unsigned flags) {
+  auto ctx = internal::PrimaryContext(0);
+  if (!ctx.ok()) {
+    ADD_FAILURE() << ctx.status();
+    return;
+  }
+  context_ = *ctx;
+  Check(Api().cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+  Check(Api().cuStreamCreate(&stream_, flags), "cuStreamCreate");
+}
+
+TestStream::~TestStream() {
+  if (stream_ == nullptr) return;
+  if (const absl::Status st = ReleaseGemvWorkspace(stream_); !st.ok()) {
+    ADD_FAILURE() << "releasing a test stream's workspace: " << st;
+  }
+  Api().cuStreamDestroy(stream_);
+}
+
 void Synchronize() { Check(Api().cuCtxSynchronize(), "cuCtxSynchronize"); }
 
 void ReferenceGemv(const std::vector<uint16_t>& w, const std::vector<uint16_t>& x, int64_t m,

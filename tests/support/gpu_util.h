@@ -55,6 +55,25 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// A stream of device 0's primary context, the context the library's calls enter (made current on
+// this thread first: cuStreamCreate makes the stream in the current context). It converts to
+// CUstream, to go where a stream goes. On destruction, also when an assertion returns early: the
+// stream's Gemv workspace released (a later stream may get the same handle) and the stream
+// destroyed. A failure to make it fails the test.
+class TestStream {
+ public:
+  explicit TestStream(unsigned flags = CU_STREAM_NON_BLOCKING);
+  ~TestStream();
+  TestStream(const TestStream&) = delete;
+  TestStream& operator=(const TestStream&) = delete;
+  operator CUstream() const { return stream_; }  // NOLINT(google-explicit-constructor)
+  CUcontext context() const { return context_; }
+
+ private:
+  CUcontext context_ = nullptr;
+  CUstream stream_ = nullptr;
+};
+
 // out[m][n] = sum_k w[n][k] * x[m][k], in double, multithreaded. Also returns sum |w x| per
 // output (the scale of FP32 accumulation error).
 void ReferenceGemv(const std::vector<uint16_t>& w, const std::vector<uint16_t>& x, int64_t m,
