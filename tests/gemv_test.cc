@@ -603,6 +603,7 @@ TEST(Gemv, PaddedXIsZeroedOnEveryCall) {
   const KernelConfig b{WeightFormat::kBf16, 4, 1, 1, 1, 1};  // no split-K: x's buffer alone
   ASSERT_TRUE(Validate(b, GemvShape{8, 208, 1024}).ok()) << b.ToString();  // the padded launch
   const TestStream stream;
+  ASSERT_TRUE(stream.ok());
 
   EXPECT_EQ(padded.Check(8, GemvOptions{b}, seed + 1, nullptr, stream), "");
   const std::vector<CUdeviceptr> buffers =
@@ -849,6 +850,7 @@ TEST(Gemv, CaptureRefusesToGrowTheWorkspace) {
   DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
   dx.Upload(x.data(), x.size() * 2);
   const TestStream stream;
+  ASSERT_TRUE(stream.ok());
   const CaptureOfOneCall c(
       stream, [&] { return Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), stream, opt); });
   ASSERT_EQ(c.end, CUDA_SUCCESS);
@@ -873,6 +875,7 @@ TEST(Gemv, LegacyStreamCallLeavesABlockingStreamsCaptureIntact) {
   const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 1}};  // no workspace needed
   ASSERT_EQ(p.Check(m, opt, seed), "");  // loaded, and right, on the legacy stream
   const TestStream blocking(CU_STREAM_DEFAULT);
+  ASSERT_TRUE(blocking.ok());
   DeviceBuffer dx(m * k * 2), dout(m * n * 2);
   const CaptureOfOneCall c(blocking, [&] {
     return Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr, opt);
@@ -971,6 +974,7 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
   const uint64_t seed = FreshSeed();
   const WorkspaceGrowth w(seed);
   const TestStream stream;
+  ASSERT_TRUE(stream.ok());
   auto held = [&] {
     absl::StatusOr<int64_t> bytes = GemvWorkspaceBytes(stream);
     EXPECT_TRUE(bytes.ok()) << bytes.status();
@@ -1052,6 +1056,7 @@ TEST(Gemv, ReleaseRacingCallsOnTheSameStream) {
   }
   testing::Synchronize();
   const TestStream stream;
+  ASSERT_TRUE(stream.ok());
 
   // The releaser counts the releases that found a workspace to free; the calls go on until a few
   // did (or all kCalls are made), so that the race is run, not only a release beside idle calls.
@@ -1233,6 +1238,7 @@ TEST(Gemv, AutotuneWaitsForTheCaptureToEnd) {
   DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
   dx.Upload(x.data(), x.size() * 2);
   const TestStream stream;
+  ASSERT_TRUE(stream.ok());
   // The heuristic's kernel loaded and this stream's workspace sized, forced, so with no tuning.
   ASSERT_EQ(p.Check(m, GemvOptions{heuristic->config}, seed, nullptr, stream), "");
   ASSERT_EQ(calls, 0);
@@ -1272,6 +1278,7 @@ TEST(Gemv, ACaptureRunsTheWinnerThatNoTuningFileKept) {
         return absl::OkStatus();
       });
   const TestStream stream;
+  ASSERT_TRUE(stream.ok());
   ::testing::internal::CaptureStderr();  // the failed candidate and the save that cannot be
   const std::string tuned_call = p.Check(m, {}, seed, nullptr, stream);
   const std::string err = ::testing::internal::GetCapturedStderr();
@@ -1390,12 +1397,21 @@ TEST(Gemv, ATuningDoesNotHoldUpCallsForShapesTunedBefore) {
   ASSERT_TRUE(earlier.ok()) << earlier.status();
   ASSERT_EQ(earlier->source, "autotuned");
 
-  // The tuning holds at its first compiled candidate until released.
+  // The tuning holds at its first compiled candidate until released. The hook runs on the thread
+  // that tunes: each thread that reached it is kept.
   absl::Notification in_tuning, release;
-  std::atomic<int> compiled{0};
+  absl::Mutex mu;
+  std::vector<std::thread::id> tuned_on;
   internal::SetAutotuneCandidateHookForTesting(
       [&](const KernelConfig&, internal::AutotuneStage stage) -> absl::Status {
-        if (stage == internal::AutotuneStage::kCompile && compiled.fetch_add(1) == 0) {
+        if (stage != internal::AutotuneStage::kCompile) return absl::OkStatus();
+        bool first = false;
+        {
+          absl::MutexLock lock(&mu);
+          first = tuned_on.empty();
+          tuned_on.push_back(std::this_thread::get_id());
+        }
+        if (first) {
           in_tuning.Notify();
           release.WaitForNotificationWithTimeout(absl::Seconds(120));
         }
@@ -1404,9 +1420,12 @@ TEST(Gemv, ATuningDoesNotHoldUpCallsForShapesTunedBefore) {
   absl::StatusOr<GemvPlan> tuner_plan, waiter_plan, eager_plan, capture_plan;
   ::testing::internal::CaptureStderr();
   absl::Notification eager_done, capture_done;
+  // Fresh threads, whose first calls find no copies of their own (per_thread_cache.h): a pool's
+  // threads that asked before would read their copies and never meet the locks.
   std::thread tuner([&] { tuner_plan = internal::PlanGemvInternal(tuning.dm, m, {}, true); });
   const bool tuning_started = in_tuning.WaitForNotificationWithTimeout(absl::Seconds(120));
   std::thread waiter([&] { waiter_plan = internal::PlanGemvInternal(tuning.dm, m, {}, true); });
+  const std::thread::id tuner_id = tuner.get_id();
   std::thread eager([&] {
     eager_plan = internal::PlanGemvInternal(tuned.dm, m, {}, true);
     eager_done.Notify();
@@ -1435,8 +1454,10 @@ TEST(Gemv, ATuningDoesNotHoldUpCallsForShapesTunedBefore) {
   EXPECT_EQ(tuner_plan->source, "autotuned");
   EXPECT_EQ(waiter_plan->source, "autotuned");
   EXPECT_EQ(waiter_plan->config, tuner_plan->config);
-  EXPECT_GT(compiled.load(), 0);
-  EXPECT_LE(compiled.load(), 2) << "the shape was tuned again by the call that waited for it";
+  ASSERT_FALSE(tuned_on.empty());
+  for (const std::thread::id id : tuned_on) {
+    EXPECT_EQ(id, tuner_id) << "the shape was tuned again by the call that waited for it";
+  }
   EXPECT_EQ(tuned.Check(m, {}, seed + 2), "");  // and the plans run right
   EXPECT_EQ(tuning.Check(m, {}, seed + 3), "");
 }
@@ -1453,6 +1474,7 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   const Problem captured = Problem::Make(1024, 4096, MixedWeights(1024, 4096, seed));
   DeviceBuffer dx(16 * 4096 * 2), dout(16 * 4096 * 2);
   const TestStream capture_stream;
+  ASSERT_TRUE(capture_stream.ok());
   const GemvOptions captured_opt{KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2}};
   ASSERT_TRUE(
       Gemv(captured.dm, dx.as<uint16_t>(), 8, dout.as<uint16_t>(), capture_stream, captured_opt)
@@ -1492,6 +1514,7 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   const std::vector<uint16_t> upload_w = MixedWeights(256, 512, seed + 3);
   // A stream whose split-K workspace is released inside the window.
   const TestStream released;
+  ASSERT_TRUE(released.ok());
   DeviceBuffer rout(m * n * 2);
   ASSERT_TRUE(Gemv(tuned.dm, tx.as<uint16_t>(), m, rout.as<uint16_t>(), released, split_k).ok());
   ASSERT_EQ(api.cuStreamSynchronize(released), CUDA_SUCCESS);
@@ -1560,6 +1583,7 @@ TEST(Gemv, TwoStreamsAtOnce) {
   do0.Fill16(kPoison);
   do1.Fill16(kPoison);
   const TestStream s0, s1;
+  ASSERT_TRUE(s0.ok() && s1.ok());
   const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 2, 2, 3, 4}};  // split-K: workspaces
   absl::Status st0, st1;
   std::thread t0([&] {
@@ -1614,7 +1638,9 @@ TEST(Gemv, AThreadBlockedOnAFullStreamDoesNotStallOtherStreams) {
   DeviceBuffer dx(m * k * 2), dout_a(m * n * 2), dout_b(m * n * 2);
   dx.Upload(x.data(), x.size() * 2);
   dout_b.Fill16(kPoison);
+  absl::Notification gate;  // before the streams: ~TestStream waits for a's host function
   const TestStream a, b;
+  ASSERT_TRUE(a.ok() && b.ok());
   // Split-K, so that every call takes its stream's workspace.
   const GemvOptions opt{KernelConfig{WeightFormat::kZ12, 8, 1, 1, 2, 2}};
   ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout_b.as<uint16_t>(), b, opt).ok());  // compiled
@@ -1622,7 +1648,6 @@ TEST(Gemv, AThreadBlockedOnAFullStreamDoesNotStallOtherStreams) {
   dout_b.Fill16(kPoison);
 
   // No ASSERT from here until the gate opens: the stream's host function waits for it.
-  absl::Notification gate;
   const CUresult held = launch_host_func(a, WaitForGate, &gate);
   constexpr int64_t kMaxCalls = 200000;
   std::atomic<int64_t> queued{0};
@@ -2070,6 +2095,7 @@ TEST(Gemv, HostOverheadReport) {
   ASSERT_TRUE(made.ok()) << made.status();
   const HostOverheadSetup& h = *made;
   const TestStream stream;
+  ASSERT_TRUE(stream.ok());
   constexpr int kCalls = 2000;
   auto time_calls = [&](auto&& call) {
     for (int i = 0; i < 100; ++i) call();  // warm

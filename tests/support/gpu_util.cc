@@ -64,7 +64,10 @@ TestStream::TestStream(unsigned flags) {
   }
   context_ = *ctx;
   Check(Api().cuCtxSetCurrent(context_), "cuCtxSetCurrent");
-  Check(Api().cuStreamCreate(&stream_, flags), "cuStreamCreate");
+  if (const CUresult r = Api().cuStreamCreate(&stream_, flags); r != CUDA_SUCCESS) {
+    Check(r, "cuStreamCreate");
+    stream_ = nullptr;
+  }
 }
 
 TestStream::~TestStream() {

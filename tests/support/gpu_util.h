@@ -59,7 +59,8 @@ class DeviceBuffer {
 // this thread first: cuStreamCreate makes the stream in the current context). It converts to
 // CUstream, to go where a stream goes. On destruction, also when an assertion returns early: the
 // stream's Gemv workspace released (a later stream may get the same handle) and the stream
-// destroyed. A failure to make it fails the test.
+// destroyed. A failure to make it fails the test, and leaves ok() false: a test should assert
+// ok(), since a null stream would go on as the legacy default stream.
 class TestStream {
  public:
   explicit TestStream(unsigned flags = CU_STREAM_NON_BLOCKING);
@@ -68,6 +69,7 @@ class TestStream {
   TestStream& operator=(const TestStream&) = delete;
   operator CUstream() const { return stream_; }  // NOLINT(google-explicit-constructor)
   CUcontext context() const { return context_; }
+  bool ok() const { return stream_ != nullptr; }
 
  private:
   CUcontext context_ = nullptr;
