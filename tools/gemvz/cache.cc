@@ -212,7 +212,9 @@ int RunCache(const std::vector<std::string>& args) {
   }
   const std::string dir = CacheDirectory();
   if (sub == "dir") {
-    if (dir.empty()) return Fail("the disk cache is disabled (GEMVZ_DISABLE_DISK_CACHE=1)");
+    if (dir.empty()) {
+      return Fail("the disk cache is disabled (GEMVZ_DISABLE_DISK_CACHE=1, or no home directory)");
+    }
     // Where it is to be made is fine; something else in its place is not a cache directory.
     struct stat st;
     if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
@@ -234,6 +236,6 @@ int RunCache(const std::vector<std::string>& args) {
 }  // namespace
 }  // namespace gemvz::cli
 
-GEMVZ_REGISTER_COMMAND(cache, "cache", "list, verify, prune or clear the kernel cache",
+GEMVZ_REGISTER_COMMAND(cache, "cache", "list, verify, prune, clear or locate the kernel cache",
                        gemvz::cli::kCacheUsage, gemvz::cli::RunCache,
                        "json cache_remove_bad cache_max_bytes");
