@@ -256,14 +256,14 @@ absl::Status ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
       map.erase(it);
     }
   }
-  // Threads drop their copies, which would keep finding this one (after the erase:
-  // per_thread_cache.h); a call that found it before sees `released` below.
-  if (w != nullptr) WorkspaceFront().Invalidate();
   if (w == nullptr) {
     const RelaxedCaptureMode relaxed;
     CU_RETURN_IF_ERROR(cuStreamSynchronize(stream));  // the same wait, with nothing to free
     return absl::OkStatus();
   }
+  // Threads drop their copies, which would keep finding this one (after the erase:
+  // per_thread_cache.h); a call that found it before sees `released` below.
+  WorkspaceFront().Invalidate();
   // After the launches of a call that holds the lock; a call waiting for it fetches the stream's
   // new workspace. Then the stream's queued and running kernels, that call's included, finish
   // before their buffers go. Relaxed: the sync and the frees touch no stream that another thread

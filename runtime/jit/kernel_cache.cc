@@ -47,6 +47,13 @@ std::string SafeFileName(std::string_view name) {
   return out;
 }
 
+// The key of `config`'s function on `device` in LoadForConfig's and FunctionForConfig's memos:
+// the split count is a run-time argument, so every S shares one function.
+std::pair<int, KernelConfig> FunctionId(int device, KernelConfig config) {
+  config.splits = 1;
+  return {device, config};
+}
+
 }  // namespace
 
 std::string_view CacheSourceName(CacheSource source) {
@@ -327,16 +334,14 @@ absl::StatusOr<LoadedKernel> KernelCache::Load(int device, const CompileRequest&
 }
 
 absl::StatusOr<LoadedKernel> KernelCache::LoadForConfig(int device, const KernelConfig& config) {
-  KernelConfig kernel = config;
-  kernel.splits = 1;  // a run-time argument: every S shares one function
-  std::pair<int, KernelConfig> id(device, kernel);
+  const std::pair<int, KernelConfig> id = FunctionId(device, config);
   {
     absl::ReaderMutexLock lock(&load_mu_);
     if (auto it = loaded_configs_.find(id); it != loaded_configs_.end()) return it->second;
   }
   RETURN_IF_ERROR(ValidateConfig(config));
   ASSIGN_OR_RETURN(const std::string arch, DeviceArch(device));
-  ASSIGN_OR_RETURN(LoadedKernel loaded, Load(device, RequestForConfig(kernel, arch)));
+  ASSIGN_OR_RETURN(LoadedKernel loaded, Load(device, RequestForConfig(id.second, arch)));
   {
     ASSIGN_OR_RETURN(ScopedDeviceContext scope, ScopedDeviceContext::Enter(device));
     CU_RETURN_IF_ERROR(cuOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -349,10 +354,8 @@ absl::StatusOr<LoadedKernel> KernelCache::LoadForConfig(int device, const Kernel
 
 absl::StatusOr<KernelFunction> KernelCache::FunctionForConfig(int device,
                                                               const KernelConfig& config) {
-  KernelConfig kernel = config;
-  kernel.splits = 1;  // as in LoadForConfig
   return function_front_.FindOrAsk(
-      std::pair<int, KernelConfig>(device, kernel), [&]() -> absl::StatusOr<KernelFunction> {
+      FunctionId(device, config), [&]() -> absl::StatusOr<KernelFunction> {
         ASSIGN_OR_RETURN(const LoadedKernel loaded, LoadForConfig(device, config));
         return KernelFunction{loaded.function, loaded.blocks_per_sm};
       });
