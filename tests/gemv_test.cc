@@ -1165,16 +1165,25 @@ TEST(Gemv, StreamOfAnotherDevice) {
   api.cuStreamDestroy(stream1);
 }
 
-// GEMVZ_AUTOTUNE=1 with at most `max` candidates, a tuning file in a temporary directory (not
-// the user's), and nothing this process tuned before. On the way out, also when an assertion
-// returns early: no candidate hook, nothing remembered, and the tuning file read afresh from the
-// environment's path by later tests.
+// Where autotuning keeps its winners: a tuning file in a temporary directory (not the user's), or
+// only this process's memory (no GEMVZ_TUNING_FILE, the disk cache off, so no file at all).
+enum class TunedWinners { kInATuningFile, kInTheProcessOnly };
+
+// GEMVZ_AUTOTUNE=1 with at most `max` candidates, the winners kept as `winners` says, and nothing
+// this process tuned before. On the way out, also when an assertion returns early: no candidate
+// hook, nothing remembered, and the tuning file read afresh from the environment's path by later
+// tests.
 struct ScopedAutotune {
-  explicit ScopedAutotune(const char* max)
+  explicit ScopedAutotune(const char* max, TunedWinners winners = TunedWinners::kInATuningFile)
       : file(dir.path() + "/tuning.json"),
         autotune("GEMVZ_AUTOTUNE", "1"),
         cap("GEMVZ_AUTOTUNE_MAX", max),
-        tuning_file("GEMVZ_TUNING_FILE", file) {
+        tuning_file("GEMVZ_TUNING_FILE", winners == TunedWinners::kInATuningFile
+                                             ? std::optional<std::string>(file)
+                                             : std::nullopt) {
+    if (winners == TunedWinners::kInTheProcessOnly) {
+      disk_cache.emplace("GEMVZ_DISABLE_DISK_CACHE", "1");
+    }
     internal::InvalidateTuningFileCache();
     internal::ForgetAutotunedForTesting();
   }
@@ -1186,6 +1195,7 @@ struct ScopedAutotune {
   jit_test::TempDir dir;
   const std::string file;
   jit_test::ScopedEnv autotune, cap, tuning_file;
+  std::optional<jit_test::ScopedEnv> disk_cache;
 };
 
 // GEMVZ_AUTOTUNE=1: on the first call for a shape that no table knows, Gemv times candidates on
@@ -1260,10 +1270,7 @@ TEST(Gemv, AutotuneWaitsForTheCaptureToEnd) {
 // two differ.
 TEST(Gemv, ACaptureRunsTheWinnerThatNoTuningFileKept) {
   GEMVZ_REQUIRE_GPU();
-  const ScopedAutotune tuning("4");
-  const jit_test::ScopedEnv no_file("GEMVZ_TUNING_FILE", std::nullopt);
-  const jit_test::ScopedEnv no_disk("GEMVZ_DISABLE_DISK_CACHE", "1");
-  internal::InvalidateTuningFileCache();
+  const ScopedAutotune tuning("4", TunedWinners::kInTheProcessOnly);
   const uint64_t seed = FreshSeed();
   const int64_t n = 1792, k = 2048, m = 3;  // no table has 1792x2048
   const Problem p = Problem::Make(n, k, MixedWeights(n, k, seed));
@@ -1378,10 +1385,7 @@ TEST(Gemv, AutotuneSkipsFailingCandidatesAndRemembersAFailure) {
 // waits for that tuning's answer instead of tuning the shape again.
 TEST(Gemv, ATuningDoesNotHoldUpCallsForShapesTunedBefore) {
   GEMVZ_REQUIRE_GPU();
-  const ScopedAutotune autotune("2");
-  const jit_test::ScopedEnv no_file("GEMVZ_TUNING_FILE", std::nullopt);
-  const jit_test::ScopedEnv no_disk("GEMVZ_DISABLE_DISK_CACHE", "1");
-  internal::InvalidateTuningFileCache();
+  const ScopedAutotune autotune("2", TunedWinners::kInTheProcessOnly);
   const uint64_t seed = FreshSeed();
   const int64_t k = 2048, m = 4;  // no table has 1280x2048 or 2816x2048
   const Problem tuned = Problem::Make(1280, k, MixedWeights(1280, k, seed));

@@ -21,6 +21,18 @@ void Check(CUresult r, const char* what) {
   }
 }
 
+// Device 0's primary context, made current on this thread; null (the test failed) if it cannot
+// be had.
+CUcontext MakeDevice0Current() {
+  auto ctx = internal::PrimaryContext(0);
+  if (!ctx.ok()) {
+    ADD_FAILURE() << ctx.status();
+    return nullptr;
+  }
+  Check(Api().cuCtxSetCurrent(*ctx), "cuCtxSetCurrent");
+  return *ctx;
+}
+
 }  // namespace
 
 std::string NoGpuReason() {
@@ -30,12 +42,7 @@ std::string NoGpuReason() {
 }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  auto ctx = internal::PrimaryContext(0);
-  if (!ctx.ok()) {
-    ADD_FAILURE() << ctx.status();
-    return;
-  }
-  Check(Api().cuCtxSetCurrent(*ctx), "cuCtxSetCurrent");
+  if (MakeDevice0Current() == nullptr) return;
   Check(Api().cuMemAlloc(&ptr_, std::max<size_t>(bytes, 16)), "cuMemAlloc");
 }
 
@@ -56,14 +63,8 @@ void DeviceBuffer::Fill16(uint16_t value) {
   Check(Api().cuMemsetD16(ptr_, value, bytes_ / 2), "cuMemsetD16");
 }
 
-TestStream::TestStream(unsigned flags) {
-  auto ctx = internal::PrimaryContext(0);
-  if (!ctx.ok()) {
-    ADD_FAILURE() << ctx.status();
-    return;
-  }
-  context_ = *ctx;
-  Check(Api().cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+TestStream::TestStream(unsigned flags) : context_(MakeDevice0Current()) {
+  if (context_ == nullptr) return;
   if (const CUresult r = Api().cuStreamCreate(&stream_, flags); r != CUDA_SUCCESS) {
     Check(r, "cuStreamCreate");
     stream_ = nullptr;
