@@ -1,8 +1,11 @@
 // The GPU machinery under `gemvz bench`, `demo` and `tune` (tools/gemvz/bench_gpu.h), in process:
 // that a timed graph's time is per launch, that the timed launches take every rotated copy in
 // turn in whole rotations, that a path's output is poisoned before it runs (a path that writes
-// nothing fails its check rather than passing with the last path's output), and that copies of
-// one matrix which give different bits are reported. Each needs a GPU and skips without one.
+// nothing fails its check rather than passing with the last path's output), that copies of one
+// matrix which give different bits are reported, and that a session frees its stream's Gemv
+// workspace when it closes. Each needs a GPU and skips without one.
+#include "tools/gemvz/bench_gpu.h"
+
 #include <cuda.h>
 
 #include <algorithm>
@@ -14,8 +17,8 @@
 #include "gemvz/gemv.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/driver.h"
+#include "runtime/gemv/autotune.h"
 #include "tests/support/gpu_util.h"
-#include "tools/gemvz/bench_gpu.h"
 #include "tools/gemvz/bench_support.h"
 
 namespace gemvz::cli {
@@ -201,6 +204,49 @@ TEST(BenchGpu, CheckAndCaptureGemvReportsALastCopyWithOtherBits) {
   EXPECT_TRUE(run->check.ok()) << run->check.ToString();
   EXPECT_EQ(run->launches % static_cast<int>((**z12).size()), 0);
   EXPECT_GE(run->launches, timing.min_launches);
+}
+
+// A session's stream gets a Gemv workspace (split-K partials and counters) from the library's
+// calls on it. Closing the session frees it before destroying the stream, as gemv.h asks: left
+// behind, it would stay allocated for the process (demo, bench and tune open sessions in turn
+// in one process's tests), and a later stream given the same handle would inherit it. Every
+// buffer is an allocation before the close and none after.
+TEST(BenchGpu, ClosingASessionFreesItsStreamsGemvWorkspace) {
+  GEMVZ_REQUIRE_GPU();
+  const auto& api = **internal::Driver();
+  constexpr int64_t kN = 1024, kK = 4096, kM = 8;
+  Opened o = OpenWorkload(kN, kK, kM, int64_t{8} << 20);
+  ASSERT_NE(o.plain, nullptr);
+  absl::StatusOr<const std::vector<DeviceMatrix>*> z12 = o.work->Compressed();
+  ASSERT_TRUE(z12.ok()) << z12.status();
+  GemvOptions split;
+  split.config = KernelConfig{WeightFormat::kZ12, 4, 2, 1, 1, 2};  // S = 2: partials, counters
+  std::vector<uint16_t> result;
+  absl::StatusOr<ErrorCheck> check = o.work->RunAndCheck(
+      kM, [&] { return Gemv((**z12)[0], o.x(), kM, o.out(), o.work->stream(), split); }, &result);
+  ASSERT_TRUE(check.ok()) << check.status();
+  ASSERT_TRUE(check->ok()) << check->ToString();
+
+  const absl::StatusOr<CUcontext> ctx = internal::PrimaryContext(0);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  const CUstream stream = o.session->stream();
+  const std::vector<CUdeviceptr> buffers = internal::StreamWorkspaceBuffers(*ctx, stream);
+  ASSERT_GE(buffers.size(), 2u) << "split-K partials and arrival counters";
+  // Asked in device 0's context whatever the session left current.
+  auto allocated = [&](CUdeviceptr p) {
+    CUdeviceptr start = 0;
+    return api.cuCtxSetCurrent(*ctx) == CUDA_SUCCESS &&
+           api.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) ==
+               CUDA_SUCCESS &&
+           start == p;
+  };
+  for (const CUdeviceptr p : buffers) ASSERT_TRUE(allocated(p)) << "buffer 0x" << std::hex << p;
+  o.work.reset();
+  o.session.reset();
+  for (const CUdeviceptr p : buffers) {
+    EXPECT_FALSE(allocated(p)) << "buffer 0x" << std::hex << p << " outlived the session";
+  }
+  EXPECT_TRUE(internal::StreamWorkspaceBuffers(*ctx, stream).empty());
 }
 
 }  // namespace

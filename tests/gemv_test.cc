@@ -649,23 +649,23 @@ TEST(Gemv, BitwiseDeterministic) {
 }
 
 // A stream of its own and a graph of `calls` Gemv calls captured on it, after one plain call has
-// loaded the kernel and sized the stream's workspace. Destroyed with everything it made.
+// loaded the kernel and sized the stream's workspace. Destroyed with everything it made: the
+// graph, then (the stream's destructor) the workspace and the stream.
 struct CapturedGemv {
-  CUstream stream = nullptr;
+  TestStream stream;
   CUgraph graph = nullptr;
   CUgraphExec exec = nullptr;
   ~CapturedGemv() {
     const auto& api = **internal::Driver();
     if (exec != nullptr) api.cuGraphExecDestroy(exec);
     if (graph != nullptr) api.cuGraphDestroy(graph);
-    if (stream != nullptr) api.cuStreamDestroy(stream);
   }
 };
 
 void Capture(const Problem& p, const DeviceBuffer& dx, const DeviceBuffer& dout, int64_t m,
              const GemvOptions& opt, int calls, CapturedGemv* g) {
   const auto& api = **internal::Driver();
-  ASSERT_EQ(api.cuStreamCreate(&g->stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_TRUE(g->stream.ok());
   ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), g->stream, opt).ok());
   ASSERT_EQ(api.cuStreamSynchronize(g->stream), CUDA_SUCCESS);
   ASSERT_EQ(api.cuStreamBeginCapture(g->stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
@@ -903,8 +903,7 @@ int CapturedFlags(const Problem& p, int64_t m, const GemvOptions& opt) {
                 ? static_cast<const Z12Params*>(kp.kernelParams[0])->flags
                 : static_cast<const Bf16Params*>(kp.kernelParams[0])->flags;
   }
-  EXPECT_TRUE(ReleaseGemvWorkspace(g.stream).ok());  // (the graph is never launched)
-  return flags;
+  return flags;  // g's stream releases its workspace (the graph is never launched)
 }
 
 // Whether a call launches with programmatic dependent launch (flags bit 2, which only such a
@@ -1497,7 +1496,7 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   struct Use {
     const char* what;
     GemvOptions options;
-    CUstream stream = nullptr;
+    std::unique_ptr<TestStream> stream;
     std::unique_ptr<DeviceBuffer> out;
     absl::Status status;
   };
@@ -1510,7 +1509,8 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   DeviceBuffer tx(m * k * 2);
   tx.Upload(x.data(), x.size() * 2);
   for (Use& u : uses) {
-    ASSERT_EQ(api.cuStreamCreate(&u.stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    u.stream = std::make_unique<TestStream>();
+    ASSERT_TRUE(u.stream->ok());
     u.out = std::make_unique<DeviceBuffer>(m * n * 2);
     u.out->Fill16(kPoison);
   }
@@ -1538,7 +1538,7 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   });
   begun.WaitForNotification();
   for (Use& u : uses) {
-    u.status = Gemv(tuned.dm, tx.as<uint16_t>(), m, u.out->as<uint16_t>(), u.stream, u.options);
+    u.status = Gemv(tuned.dm, tx.as<uint16_t>(), m, u.out->as<uint16_t>(), *u.stream, u.options);
   }
   const absl::Status release = ReleaseGemvWorkspace(released);
   absl::StatusOr<GemvPlan> plan = PlanGemv(tuned.dm, m);
@@ -1560,12 +1560,11 @@ TEST(Gemv, FirstUsesBesideAnotherThreadsCapture) {
   testing::ReferenceGemv(tuned.w, x, m, n, k, &ref, &abs_sum);
   for (Use& u : uses) {
     EXPECT_TRUE(u.status.ok()) << u.what << ": " << u.status;
-    EXPECT_EQ(api.cuStreamSynchronize(u.stream), CUDA_SUCCESS) << u.what;
+    EXPECT_EQ(api.cuStreamSynchronize(*u.stream), CUDA_SUCCESS) << u.what;
     std::vector<uint16_t> got(m * n);
     u.out->Download(got.data(), got.size() * 2);
-    if (u.status.ok()) EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "") << u.what;
-    EXPECT_TRUE(ReleaseGemvWorkspace(u.stream).ok());
-    api.cuStreamDestroy(u.stream);
+    if (u.status.ok())
+      EXPECT_EQ(testing::CompareToReference(got, ref, abs_sum, m, n), "") << u.what;
   }
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->source, "tuning-file") << "the autotune did not complete and save its winner";
@@ -2136,9 +2135,13 @@ TEST(Gemv, HostOverheadThreadsReport) {
   for (int run = 0; run < 8; ++run) {
     const bool current = run >= 4;
     const int threads = 1 << (run % 4);
-    std::vector<CUstream> streams(threads);
-    for (CUstream& st : streams)
-      ASSERT_EQ(api.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    std::vector<std::unique_ptr<TestStream>> owned;  // released and destroyed after each run
+    std::vector<CUstream> streams;
+    for (int t = 0; t < threads; ++t) {
+      owned.push_back(std::make_unique<TestStream>());
+      ASSERT_TRUE(owned.back()->ok());
+      streams.push_back(*owned.back());
+    }
     // Wall time of `threads` threads making kCalls calls each, per call and thread, in us.
     auto time_calls = [&](auto&& call) {
       std::atomic<bool> ok{true};
@@ -2175,10 +2178,6 @@ TEST(Gemv, HostOverheadThreadsReport) {
         "cuLaunchKernel %.2f us, Gemv %.2f us\n",
         threads, kCalls, h.plan.config.ToString().c_str(),
         current ? "context current" : "no current context", bare, gemv);
-    for (CUstream st : streams) {
-      ASSERT_TRUE(ReleaseGemvWorkspace(st).ok());
-      api.cuStreamDestroy(st);
-    }
   }
 }
 

@@ -113,11 +113,12 @@ class PdlTest : public ::testing::Test {
     seed_ = FreshSeed();
     chain_ = std::make_unique<Chain>(seed_);
     ASSERT_TRUE(chain_->valid());
-    ASSERT_EQ(api().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    stream_ = std::make_unique<testing::TestStream>();
+    ASSERT_TRUE(stream_->ok());
     for (int i = 0; i < 2; ++i) {
       chain_->Poison();
-      ASSERT_TRUE(chain_->Enqueue(stream_, Pdl::kOff, i, 1).ok());  // also sizes the workspace
-      ASSERT_EQ(api().cuStreamSynchronize(stream_), CUDA_SUCCESS);
+      ASSERT_TRUE(chain_->Enqueue(*stream_, Pdl::kOff, i, 1).ok());  // also sizes the workspace
+      ASSERT_EQ(api().cuStreamSynchronize(*stream_), CUDA_SUCCESS);
       plain_[i] = chain_->Outputs();
       std::vector<uint16_t> x(plain_[i].begin(), plain_[i].begin() + kM * 4096);
       std::vector<uint16_t> y1(plain_[i].begin() + kM * 4096, plain_[i].begin() + kM * 12288);
@@ -127,14 +128,12 @@ class PdlTest : public ::testing::Test {
     }
     ASSERT_NE(plain_[0], plain_[1]);  // the two inputs must tell the passes apart
   }
-  void TearDown() override {
-    if (stream_ != nullptr) api().cuStreamDestroy(stream_);
-  }
+  void TearDown() override { stream_.reset(); }  // its workspace released, then destroyed
   static const internal::DriverApi& api() { return **internal::Driver(); }
 
   uint64_t seed_ = 0;
   std::unique_ptr<Chain> chain_;
-  CUstream stream_ = nullptr;
+  std::unique_ptr<testing::TestStream> stream_;
   std::vector<uint16_t> plain_[2];
 };
 
@@ -142,16 +141,16 @@ TEST_F(PdlTest, EveryPassMatchesPlainLaunchesBitForBit) {
   // One pass at a time, each on poisoned buffers: every link inside a pass is checked.
   for (int pass = 0; pass < 6; ++pass) {
     chain_->Poison();
-    ASSERT_TRUE(chain_->Enqueue(stream_, Pdl::kAlways, pass, 1).ok());
-    ASSERT_EQ(api().cuStreamSynchronize(stream_), CUDA_SUCCESS);
+    ASSERT_TRUE(chain_->Enqueue(*stream_, Pdl::kAlways, pass, 1).ok());
+    ASSERT_EQ(api().cuStreamSynchronize(*stream_), CUDA_SUCCESS);
     EXPECT_TRUE(chain_->Outputs() == plain_[pass % 2]) << "pass " << pass << ", seed " << seed_;
   }
   // Passes back to back, so each pass's first link also follows the previous pass's last: the
   // last pass must come out as its input says, not as the one before.
   for (int passes : {7, 8}) {
     chain_->Poison();
-    ASSERT_TRUE(chain_->Enqueue(stream_, Pdl::kAlways, 0, passes).ok());
-    ASSERT_EQ(api().cuStreamSynchronize(stream_), CUDA_SUCCESS);
+    ASSERT_TRUE(chain_->Enqueue(*stream_, Pdl::kAlways, 0, passes).ok());
+    ASSERT_EQ(api().cuStreamSynchronize(*stream_), CUDA_SUCCESS);
     EXPECT_TRUE(chain_->Outputs() == plain_[(passes - 1) % 2])
         << passes << " passes, seed " << seed_;
   }
@@ -160,15 +159,15 @@ TEST_F(PdlTest, EveryPassMatchesPlainLaunchesBitForBit) {
 TEST_F(PdlTest, CapturedPassesReplayBitForBit) {
   CUgraph graph;
   CUgraphExec exec;
-  ASSERT_EQ(api().cuStreamBeginCapture(stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  const absl::Status st = chain_->Enqueue(stream_, Pdl::kAlways, 0, 2);  // inputs 0, then 1
-  ASSERT_EQ(api().cuStreamEndCapture(stream_, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(api().cuStreamBeginCapture(*stream_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  const absl::Status st = chain_->Enqueue(*stream_, Pdl::kAlways, 0, 2);  // inputs 0, then 1
+  ASSERT_EQ(api().cuStreamEndCapture(*stream_, &graph), CUDA_SUCCESS);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_EQ(api().cuGraphInstantiate(&exec, graph, 0), CUDA_SUCCESS);
   for (int replay = 0; replay < 5; ++replay) {
     chain_->Poison();
-    ASSERT_EQ(api().cuGraphLaunch(exec, stream_), CUDA_SUCCESS);
-    ASSERT_EQ(api().cuStreamSynchronize(stream_), CUDA_SUCCESS);
+    ASSERT_EQ(api().cuGraphLaunch(exec, *stream_), CUDA_SUCCESS);
+    ASSERT_EQ(api().cuStreamSynchronize(*stream_), CUDA_SUCCESS);
     EXPECT_TRUE(chain_->Outputs() == plain_[1]) << "replay " << replay << ", seed " << seed_;
   }
   api().cuGraphExecDestroy(exec);

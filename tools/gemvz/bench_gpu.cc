@@ -134,7 +134,15 @@ absl::StatusOr<std::unique_ptr<GpuSession>> GpuSession::Open(int device) {
 
 GpuSession::~GpuSession() {
   absl::StatusOr<const internal::DriverApi*> driver = internal::Driver();
-  if (driver.ok() && stream_ != nullptr) (*driver)->cuStreamDestroy(stream_);
+  if (!driver.ok() || stream_ == nullptr) return;
+  // The stream's Gemv workspace goes first (gemv.h): destroyed with it, its buffers would stay
+  // allocated for the process, and a stream made later with the same handle would inherit them.
+  // A session's graphs are gone by now (whatever captured them is destroyed before the session).
+  if (const absl::Status st = ReleaseGemvWorkspace(stream_, info_.device); !st.ok()) {
+    Progress(
+        absl::StrCat("warning: releasing the session stream's GEMV workspace: ", st.message()));
+  }
+  (*driver)->cuStreamDestroy(stream_);
 }
 
 absl::Status GpuSession::Synchronize() const {
