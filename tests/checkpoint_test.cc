@@ -578,6 +578,45 @@ TEST(CheckpointTest, ConflictingInputsAreRefused) {
   r = PackCheckpoint({dir + "/p.safetensors", dir + "/y.safetensors"}, dir + "/o9");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("'w.z12.weights'"), std::string::npos) << r.status();
+  // With keep_nonfinite a packable tensor holding a NaN is kept under its own name: a tensor
+  // named like another's packed part is refused before any work, not by the writer halfway
+  // (without the option it is packed, its own name never written, and the pair packs).
+  const std::string part = internal::PackedPartName("k", 0);
+  std::string nan = m;
+  nan[0] = '\xc0';
+  nan[1] = '\x7f';  // BF16 0x7FC0
+  WriteCheckpoint(dir + "/k.safetensors",
+                  {{"k", "BF16", {16, 64}, m, true, ""}, {part, "BF16", {16, 64}, nan, true, ""}});
+  CheckpointPackOptions keep = counted;
+  keep.keep_nonfinite = true;
+  progress_calls = 0;
+  r = PackCheckpoint({dir + "/k.safetensors"}, dir + "/o10", keep);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(progress_calls, 0) << "the collision was found after packing had begun: " << r.status();
+  EXPECT_NE(r.status().message().find("'" + part + "' would be used twice"), std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("keep_nonfinite"), std::string::npos) << r.status();
+  std::string finite = m;
+  finite[0] = '\x00';
+  WriteCheckpoint(dir + "/k2.safetensors", {{"k", "BF16", {16, 64}, m, true, ""},
+                                            {part, "BF16", {16, 64}, finite, true, ""}});
+  r = PackCheckpoint({dir + "/k2.safetensors"}, dir + "/o11");
+  EXPECT_TRUE(r.ok()) << r.status();
+  // Names and keys from a file are quoted escaped: a terminal escape would act on the screen.
+  const std::string esc = "q\x1b[2J";
+  WriteCheckpoint(dir + "/e.safetensors", {{esc, "BF16", {16, 64}, m, true, ""},
+                                           {esc + ".z12.weights", "U8", {4}, "abcd", false, ""}});
+  r = PackCheckpoint({dir + "/e.safetensors"}, dir + "/o12");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'q\\x1b[2J.z12.weights'"), std::string::npos) << r.status();
+  EXPECT_EQ(r.status().message().find('\x1b'), std::string::npos) << r.status();
+  WriteCheckpoint(dir + "/e2.safetensors", {{"w", "BF16", {16, 64}, m, true, ""}},
+                  {{"gemvz." + esc, "{}"}});
+  r = PackCheckpoint({dir + "/e2.safetensors"}, dir + "/o13");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'gemvz.q\\x1b[2J' is reserved"), std::string::npos)
+      << r.status();
+  EXPECT_EQ(r.status().message().find('\x1b'), std::string::npos) << r.status();
   // An already packed checkpoint.
   ASSERT_TRUE(PackCheckpoint({dir + "/y.safetensors"}, dir + "/o4").ok());
   r = PackCheckpoint({dir + "/o4/y.safetensors"}, dir + "/o5");
@@ -601,7 +640,8 @@ TEST(CheckpointTest, ConflictingInputsAreRefused) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(r.status().message().find("missing.safetensors"), std::string::npos);
   EXPECT_FALSE(PackCheckpoint({dir + "/y.safetensors"}, dir + "/y.safetensors").ok());
-  for (const char* o : {"/o1", "/o2", "/o3", "/o5", "/o6", "/o7", "/o8", "/o9"}) {
+  for (const char* o :
+       {"/o1", "/o2", "/o3", "/o5", "/o6", "/o7", "/o8", "/o9", "/o10", "/o12", "/o13"}) {
     EXPECT_TRUE(ListDir(dir + o).empty()) << o;
   }
 }
@@ -731,9 +771,9 @@ TEST(CheckpointTest, OpeningChecksVersionsDuplicatesAndExactNames) {
   const std::string path = dir + "/v.safetensors";
   const std::string current = std::to_string(kCheckpointFormatVersion);
   const std::string next = std::to_string(kCheckpointFormatVersion + 1);
-  for (const std::string& version : {std::string("1"), current, std::string("0"),
-                                     std::string("-1"), std::string("x"), next}) {
-    SCOPED_TRACE("gemvz.version = " + version);
+  for (const std::string& version : {std::string("1"), current, std::string("0"), std::string("-1"),
+                                     std::string("x"), std::string("\x1b[2J"), next}) {
+    SCOPED_TRACE("gemvz.version = " + absl::CHexEscape(version));
     ::unlink(path.c_str());
     WriteCheckpoint(path, {{"w", "BF16", {16, 64}, m, false, ""}},
                     {{"format", "pt"}, {internal::kMetaVersionKey, version}});
@@ -751,6 +791,7 @@ TEST(CheckpointTest, OpeningChecksVersionsDuplicatesAndExactNames) {
       EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
       EXPECT_NE(c.status().message().find("is not a version number"), std::string::npos)
           << c.status();
+      EXPECT_EQ(c.status().message().find('\x1b'), std::string::npos) << "quoted raw";
     }
   }
 

@@ -235,6 +235,17 @@ TEST(SafetensorsTest, UnpublishedWriterLeavesNothing) {
     EXPECT_NE(st.message().find("reserved"), std::string::npos) << st;
   }
   EXPECT_TRUE(ListDir(dir).empty());
+  // A reserve past the readers' limit (the header is padded to it, so the file could not be read
+  // back) is refused before any file is made; one at the limit is taken.
+  {
+    auto w = SafetensorsWriter::Create(dir + "/z.safetensors", kMaxSafetensorsHeaderBytes + 1);
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find("-byte limit"), std::string::npos) << w.status();
+    EXPECT_NE(w.status().message().find(dir + "/z.safetensors"), std::string::npos) << w.status();
+    EXPECT_TRUE(ListDir(dir).empty());
+    EXPECT_TRUE(SafetensorsWriter::Create(dir + "/z.safetensors", kMaxSafetensorsHeaderBytes).ok());
+  }
+  EXPECT_TRUE(ListDir(dir).empty());
   // Into a directory that does not exist.
   EXPECT_FALSE(SafetensorsWriter::Create(dir + "/missing/z.safetensors", 10).ok());
 }
@@ -274,6 +285,9 @@ TEST(SafetensorsTest, BadFilesAreRefusedNamingFileAndTensor) {
        nullptr},
       {"header length zero", RawFile("", data16, 0), "too small", nullptr},
       {"header not json", RawFile("{not json", data16), "not valid JSON", nullptr},
+      // The parser's message repeats what it read, escaping only bytes below 0x20.
+      {"header not json, with a C1 control (U+009B) where it stops",
+       RawFile("{\"a\xc2\x9b[2J", data16), "not valid JSON", nullptr},
       {"header cut short", RawFile(good_header.substr(0, 20), data16), "not valid JSON", nullptr},
       {"header an array", RawFile("[1,2,3]", data16), "not a JSON object", nullptr},
       // Nesting that would crash a DOM's recursive dump or copy is refused before the parse.

@@ -77,7 +77,8 @@ absl::Status AddFile(CheckpointState& state, std::unique_ptr<SafetensorsFile> fi
     int v = 0;
     if (!absl::SimpleAtoi(version->second, &v) || v < 1) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": metadata ", kMetaVersionKey, " = '",
-                                                     version->second, "' is not a version number"));
+                                                     Escaped(version->second),
+                                                     "' is not a version number"));
     }
     if (v > kCheckpointFormatVersion) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -285,16 +285,22 @@ absl::Status Driver::ClaimOutputNames(const SafetensorsFile& in) {
       for (int i = 0; i < internal::kPackedParts; ++i) {
         out_names.push_back(internal::PackedPartName(p.entry->name, i));
       }
-    } else {
-      out_names.push_back(p.entry->name);
     }
+    // With keep_nonfinite a packable tensor holding a NaN or an infinity is kept under its own
+    // name, which is known only once it is read: claimed now, so that a clash is found before
+    // any work, not by the writer halfway through.
+    if (!p.pack || options_.keep_nonfinite) out_names.push_back(p.entry->name);
     for (const std::string& n : out_names) {
       if (auto [it, ok] = output_names_.emplace(n, in.path()); !ok) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "'", in.path(), "': output tensor name '", n, "' would be used twice",
+            "'", in.path(), "': output tensor name '", internal::Escaped(n),
+            "' would be used twice",
             it->second == in.path() ? ""
                                     : absl::StrCat(" (also in the output of '", it->second, "')"),
-            " (a packed tensor's part collides with another tensor)"));
+            " (a packed tensor's part collides with another tensor",
+            options_.keep_nonfinite ? ", or with a tensor that keep_nonfinite may keep unpacked"
+                                    : "",
+            ")"));
       }
     }
   }
@@ -406,7 +412,8 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
     }
     for (const auto& [key, value] : f->metadata()) {
       if (key.compare(0, 6, "gemvz.") == 0) {
-        return absl::InvalidArgumentError(absl::StrCat("'", path, "': metadata key '", key,
+        return absl::InvalidArgumentError(absl::StrCat("'", path, "': metadata key '",
+                                                       internal::Escaped(key),
                                                        "' is reserved for packed checkpoints"));
       }
     }

@@ -283,6 +283,16 @@ std::string SafetensorsHeaderJson(const std::vector<SafetensorsEntry>& entries,
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     const std::string& path, uint64_t header_reserve) {
+  // The data section starts 8-byte aligned, as the reference writer does.
+  const uint64_t reserve = (std::max<uint64_t>(header_reserve, 2) + 7) / 8 * 8;
+  // The header is padded to the reserve: past the readers' limit (this library's own and the
+  // reference implementation's) the file could not be read back. Refused before anything is made.
+  if (reserve > kMaxSafetensorsHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", path, "': its header would take ", reserve, " bytes, over the ",
+        kMaxSafetensorsHeaderBytes,
+        "-byte limit of safetensors readers (too many tensors or too much metadata for one file)"));
+  }
   static std::atomic<uint64_t> counter{0};
   std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter());
   w->path_ = path;
@@ -291,8 +301,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   w->fd_ = ::open(w->temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (w->fd_ < 0) return ErrnoStatus(absl::StrCat("cannot create '", w->temp_path_, "'"));
   w->owns_temp_ = true;
-  // The data section starts 8-byte aligned, as the reference writer does.
-  w->header_reserve_ = (std::max<uint64_t>(header_reserve, 2) + 7) / 8 * 8;
+  w->header_reserve_ = reserve;
   w->data_offset_ = 8 + w->header_reserve_;
   if (::lseek(w->fd_, static_cast<off_t>(w->data_offset_), SEEK_SET) < 0) {
     return ErrnoStatus(absl::StrCat("cannot seek in '", w->temp_path_, "'"));

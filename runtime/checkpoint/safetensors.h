@@ -83,7 +83,8 @@ inline constexpr uint64_t kMaxHeaderNumber = ~uint64_t{0};  // 20 digits
 // Publish; destroying an unpublished writer removes its temporary file.
 class SafetensorsWriter {
  public:
-  // `header_reserve`: an upper bound on the header's JSON length (see SafetensorsHeaderJson).
+  // `header_reserve`: an upper bound on the header's JSON length (see SafetensorsHeaderJson);
+  // refused above kMaxSafetensorsHeaderBytes, since the header is padded to it.
   static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(const std::string& path,
                                                                    uint64_t header_reserve);
   ~SafetensorsWriter();

@@ -14,9 +14,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-// What a fault quotes of a key or of the parser's message (which repeats the text it read).
-std::string Cut(std::string_view s) { return Excerpt(s, 200); }
-
 // Counts the nesting and, where asked, the keys of every open object; stops at the first fault.
 class Checker : public nlohmann::json_sax<Json> {
  public:
@@ -52,7 +49,9 @@ class Checker : public nlohmann::json_sax<Json> {
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    fault_ = Cut(e.what());
+    // The parser's message repeats the text it read, escaping only bytes below 0x20: a C1
+    // control (U+009B) would reach the terminal where the message is printed.
+    fault_ = Escaped(e.what());
     return false;
   }
 
@@ -80,7 +79,7 @@ absl::Status CheckJsonText(std::string_view text, int max_depth, bool refuse_dup
   try {
     ok = Json::sax_parse(text.begin(), text.end(), &checker);
   } catch (const Json::exception& e) {  // sax_parse reports through parse_error; never hidden
-    return absl::InvalidArgumentError(Cut(e.what()));
+    return absl::InvalidArgumentError(Escaped(e.what()));
   }
   if (ok) return absl::OkStatus();
   return absl::InvalidArgumentError(checker.fault().empty() ? "not valid JSON" : checker.fault());
