@@ -169,6 +169,13 @@ TEST(ConfigTest, ParseErrorsNameTheProblem) {
       {"z12.nw 8.ug2.nb2.pipe3", "field 'nw 8'"},
       {"z12.nw8 .ug2.nb2.pipe3", "field 'nw8 '"},
       {"z12.nw0x8.ug2.nb2.pipe3", "field 'nw0x8'"},
+      // One spelling: no leading zero (pipe0 and s0 are numbers, not padded ones).
+      {"z12.nw08.ug2.nb2.pipe3",
+       "field 'nw08' has a leading zero (nw is written without one: a configuration has one "
+       "spelling)"},
+      {"z12.nw8.ug2.nb2.pipe03.s1", "field 'pipe03' has a leading zero"},
+      {"z12.nw8.ug2.nb2.pipe3.s0001", "field 's0001' has a leading zero"},
+      {"z12.nw8.ug2.nb2.pipe3.rb02", "field 'rb02' has a leading zero"},
       {"z12.nw8.ug2.5.nb2.pipe3", "field '5'"},
       {"z12.nw8.ug2.nb2.pipe3.s99999999999",
        "field 's99999999999' is out of range (s takes a number of at most 9 digits)"},

@@ -418,10 +418,10 @@ TEST_F(TuningFileTest, CorruptFilesAreReportedNamingTheFile) {
   EXPECT_EQ((*loaded)[0].time_us, 3.5);
 }
 
-// Version 1 while no entry needs RB (older gemvz keep reading the file), 2 once one does, 3 once
-// a 12-bit entry's warps take uneven shares of K, 4 once an entry takes RB 4, 5 once one reads
-// group-major weights (older gemvz refuse it instead of failing on ".rb2", the K rule, RB 4 or
-// ".gm" and setting the file aside as corrupt).
+// Version 1 while no entry needs RB or PIPE 4..8 (older gemvz keep reading the file), 2 once one
+// does, 3 once a 12-bit entry's warps take uneven shares of K, 4 once an entry takes RB 4, 5 once
+// one reads group-major weights, 6 once one takes PIPE 9..13 (older gemvz refuse it instead of
+// failing on ".rb2", a PIPE, the K rule, RB 4 or ".gm" and setting the file aside as corrupt).
 TEST_F(TuningFileTest, VersionIsTheOldestThatHoldsTheEntries) {
   const TunedChoice c{"sm_90", WeightFormat::kZ12, 16, 28672, 4096,
                       KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 1}, 45.0};
@@ -490,6 +490,18 @@ TEST_F(TuningFileTest, VersionIsTheOldestThatHoldsTheEntries) {
   int named_entries = 0;
   for (const TunedChoice& t : *loaded) named_entries += t.device == "NVIDIA H200";
   EXPECT_EQ(named_entries, 1);
+  // PIPE 4..8 (the first readers of version 1 took 0..3): version 2; PIPE 9..13, the rolling loop
+  // (version 5's first readers took up to 8), as the built-in table's gate_up row: version 6.
+  for (const auto& [config, version] : std::vector<std::pair<std::string, int>>{
+           {"z12.nw4.ug1.nb2.pipe6.s1", 2}, {"z12.nw3.ug1.nb2.pipe11.rb4.gm.s1", 6}}) {
+    WriteAll(path_, R"({"version": 1, "entries": []})");
+    TunedChoice piped = c;
+    absl::StatusOr<KernelConfig> parsed = KernelConfig::Parse(config);
+    ASSERT_TRUE(parsed.ok()) << Msg(parsed.status());
+    piped.config = *parsed;
+    ASSERT_TRUE(SaveTunedChoices({piped}).ok()) << config;
+    EXPECT_EQ(nlohmann::json::parse(ReadAll(path_)).at("version"), version) << config;
+  }
   // Version 2 to 6 files without such entries read too.
   for (const char* text : {R"({"version": 2, "entries": []})", R"({"version": 3, "entries": []})",
                            R"({"version": 4, "entries": []})", R"({"version": 5, "entries": []})",
@@ -700,6 +712,10 @@ TEST(HeuristicTest, LaunchRowsAreEqualChunksOfTheFewestLaunches) {
   EXPECT_EQ(LaunchRowsFor(48), 24);
   EXPECT_EQ(LaunchRowsFor(64), 32);
   EXPECT_EQ(LaunchRowsFor(65), 22);
+  // Near 2^63 the rounding up must not overflow: 2^58 launches of 32 rows.
+  const int64_t max_m = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(LaunchRowsFor(max_m), 32);
+  EXPECT_EQ(LaunchRowsFor(max_m - 31), 32);
   for (int64_t m = 1; m <= 1000; ++m) {
     const int64_t rows = LaunchRowsFor(m);
     const int64_t launches = (m + rows - 1) / rows;
@@ -1743,6 +1759,28 @@ TEST_F(ChooseConfigTest, AnEntryMeasuredOnOneGpuServesOnlyThatGpu) {
   EXPECT_EQ(choose("NVIDIA H100 80GB HBM3").config, h100);
   EXPECT_EQ(choose("NVIDIA L40S").config, any);
   EXPECT_EQ(choose("").config, any);
+  // A group-major matrix on the H200, whose own entry is block-major, takes the entry for any
+  // GPU where that one is group-major (each is looked up in the matrix's order).
+  TunedChoice own_bm{
+      "sm_90", WeightFormat::kZ12, 8, 1008, 4096, KernelConfig{WeightFormat::kZ12, 4, 1, 1, 0, 1},
+      6.0,     "NVIDIA H200"};
+  TunedChoice any_gm{
+      "sm_90", WeightFormat::kZ12,
+      8,       1008,
+      4096,    InOrder(KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 1}, WeightOrder::kGroupMajor),
+      5.0};
+  ASSERT_TRUE(SaveTunedChoices({own_bm, any_gm}).ok());
+  absl::StatusOr<GemvPlan> gm_plan =
+      ChooseConfig(GemvShape{8, 1008, 4096}, WeightFormat::kZ12, "sm_90", 132,
+                   WeightOrder::kGroupMajor, "NVIDIA H200");
+  ASSERT_TRUE(gm_plan.ok()) << Msg(gm_plan.status());
+  EXPECT_EQ(gm_plan->source, "tuning-file");
+  EXPECT_EQ(gm_plan->config, any_gm.config);
+  absl::StatusOr<GemvPlan> bm_plan =
+      ChooseConfig(GemvShape{8, 1008, 4096}, WeightFormat::kZ12, "sm_90", 132,
+                   WeightOrder::kBlockMajor, "NVIDIA H200");
+  ASSERT_TRUE(bm_plan.ok()) << Msg(bm_plan.status());
+  EXPECT_EQ(bm_plan->config, own_bm.config);
   // The upload order follows the same rule: group-major entries of another GPU do not move it.
   TunedChoice g = a;
   g.config = InOrder(h100, WeightOrder::kGroupMajor);

@@ -26,9 +26,10 @@ struct TunedChoice {
 // The tuning file: GEMVZ_TUNING_FILE, else <CacheDirectory()>/tuning.json. JSON
 // {"version": V, "entries": [{arch, [device,] format, m, n, k, config, time_us}, ...]}, written
 // with the oldest V that holds every entry, so that older gemvz read it while they can: 1, 2 once
-// a config uses RB 2, 3 once a 12-bit entry's warps take uneven shares of K, 4 once a config uses
-// RB 4, 5 once a config reads group-major weights (".gm"), 6 once an entry names its device. All
-// six are read; a newer version is neither read nor overwritten. An entry measured on one GPU
+// a config uses RB 2 or PIPE 4..8, 3 once a 12-bit entry's warps take uneven shares of K, 4 once a
+// config uses RB 4, 5 once a config reads group-major weights (".gm"), 6 once an entry names its
+// device or a config uses PIPE 9..13. All six are read; a newer version is neither read nor
+// overwritten. An entry measured on one GPU
 // serves only a GPU of that name (an H100 and an H200 are both sm_90, but their winners differ);
 // one without a device serves every GPU of its arch.
 std::string TuningFilePath();

@@ -16,15 +16,16 @@
 namespace gemvz {
 namespace {
 
-// Digits only: SimpleAtoi alone would also take "+8", " 8" or "8 ", and the text form must stay
-// canonical so that a configuration has exactly one spelling.
-enum class FieldValue { kOk, kNotDecimal, kTooLong };
+// Digits only, without a leading zero: SimpleAtoi alone would also take "+8", " 8", "8 " or
+// "08", and the text form must stay canonical so that a configuration has exactly one spelling.
+enum class FieldValue { kOk, kNotDecimal, kLeadingZero, kTooLong };
 
 FieldValue ParseFieldValue(absl::string_view digits, int* value) {
   if (digits.empty()) return FieldValue::kNotDecimal;
   for (char ch : digits) {
     if (!absl::ascii_isdigit(static_cast<unsigned char>(ch))) return FieldValue::kNotDecimal;
   }
+  if (digits.size() > 1 && digits[0] == '0') return FieldValue::kLeadingZero;
   if (digits.size() > 9 || !absl::SimpleAtoi(digits, value)) return FieldValue::kTooLong;
   return FieldValue::kOk;
 }
@@ -128,6 +129,11 @@ absl::StatusOr<KernelConfig> KernelConfig::Parse(std::string_view text_in) {
     int value = 0;
     const FieldValue parsed = which < 0 ? FieldValue::kNotDecimal
                                         : ParseFieldValue(p.substr(kNames[which].size()), &value);
+    if (parsed == FieldValue::kLeadingZero) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad configuration '", text(), "': field '", Shown(p, 40), "' has a leading zero (",
+          kNames[which], " is written without one: a configuration has one spelling)"));
+    }
     if (parsed == FieldValue::kTooLong) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bad configuration '", text(), "': field '", Shown(p, 40), "' is out of range (",

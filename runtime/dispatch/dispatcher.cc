@@ -104,15 +104,17 @@ class Dispatcher {
     if (!loaded_) LoadLocked();
 
     GemvPlan plan;
-    // This GPU's own entry, else one that serves any GPU of the arch.
-    auto tuned = entries_.find(
-        ChoiceKey{arch, device, static_cast<int>(format), launch.m, launch.n, launch.k});
-    if (tuned == entries_.end() && !device.empty()) {
-      tuned = entries_.find(
-          ChoiceKey{arch, kAnyDevice, static_cast<int>(format), launch.m, launch.n, launch.k});
-    }
-    if (tuned != entries_.end() && tuned->second.order == order) {
-      plan.config = tuned->second;
+    // This GPU's own entry, else one that serves any GPU of the arch; each only in the matrix's
+    // weight order (a save keeps one order per shape and device, not across devices).
+    auto find = [&](const std::string& d) -> const KernelConfig* {
+      const auto it =
+          entries_.find(ChoiceKey{arch, d, static_cast<int>(format), launch.m, launch.n, launch.k});
+      return it != entries_.end() && it->second.order == order ? &it->second : nullptr;
+    };
+    const KernelConfig* tuned = find(device);
+    if (tuned == nullptr && !device.empty()) tuned = find(kAnyDevice);
+    if (tuned != nullptr) {
+      plan.config = *tuned;
       plan.source = "tuning-file";
     } else if (std::optional<KernelConfig> t = LookupBuiltinTable(launch, format, arch, order)) {
       plan.config = *t;

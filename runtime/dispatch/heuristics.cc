@@ -16,8 +16,9 @@ namespace internal {
 
 int64_t LaunchRowsFor(int64_t m) {
   if (m <= kMaxTokensPerLaunch) return std::max<int64_t>(m, 1);
-  const int64_t launches = (m + kMaxTokensPerLaunch - 1) / kMaxTokensPerLaunch;
-  return (m + launches - 1) / launches;
+  // Rounded up as (m - 1) / d + 1: m + d - 1 would overflow for m near 2^63.
+  const int64_t launches = (m - 1) / kMaxTokensPerLaunch + 1;
+  return (m - 1) / launches + 1;
 }
 
 GemvShape LaunchShape(const GemvShape& shape, const KernelConfig& c) {

@@ -43,6 +43,8 @@ using Json = nlohmann::ordered_json;
 // KernelConfig::order), which a gemvz that reads only versions 1 to 4 cannot parse.
 // Version 6: an entry may name the GPU it was measured on ("device"), which a gemvz that reads
 // only versions 1 to 5 would ignore, serving that GPU's winners on every GPU of the arch.
+// PIPE came in steps too: the first readers of version 1 took 0..3 and those of version 5 up to
+// 8; every reader of version 2 takes up to 8 and of version 6 up to 13 (KernelConfig's MaxPipe).
 // A file is written as the oldest version that holds all its entries, so that older gemvz keep
 // reading it while they can, and refuse it without overwriting it once they cannot. This gemvz
 // reads all six.
@@ -51,11 +53,11 @@ constexpr int kOldestTuningFileVersion = 1;
 
 // The oldest version that holds `c`.
 int VersionFor(const TunedChoice& c) {
-  if (!c.device.empty()) return 6;
+  if (!c.device.empty() || c.config.pipe >= 9) return 6;
   if (c.config.order == WeightOrder::kGroupMajor) return 5;
   if (c.config.rb == 4) return 4;
   if (c.format == WeightFormat::kZ12 && !internal::EvenShares(c.k / 64, c.config)) return 3;
-  return c.config.rb != 1 ? 2 : 1;
+  return c.config.rb != 1 || c.config.pipe >= 4 ? 2 : 1;
 }
 
 using ChoiceKey = std::tuple<std::string, std::string, int, int64_t, int64_t, int64_t>;
