@@ -1,12 +1,15 @@
 // The warm-up and cache CLI, run as separate processes the way a user runs them: warm-up fills
 // the cache and a second run is all hits; configuration files name their bad lines; cache
 // list/verify/prune/clear see and manage the entries; an unwritable cache fails loudly.
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "runtime/common/file_util.h"
@@ -176,6 +179,46 @@ TEST_F(ToolTest, CacheListVerifyPruneClear) {
   EXPECT_EQ(Run("cache", cache.path()).code, 2);
   EXPECT_EQ(Run("cache shred", cache.path()).code, 2);
   EXPECT_EQ(Run("cache prune --cache_max_bytes=lots", cache.path()).code, 2);
+}
+
+// A cache directory may be shared, so its file names are anyone's: list and verify show them
+// escaped (a terminal escape would act on the screen of whoever lists them); verify
+// --cache_remove_bad removes a link that leads nowhere under an entry's name (which reads as "not
+// found", as an entry pruned meanwhile does); and clear removes what the cache makes (entries,
+// unheld locks), never a file of another name in kernels/ or locks/.
+TEST_F(ToolTest, CacheShowsNamesEscapedAndRemovesOnlyWhatItMakes) {
+  TempDir cache;
+  ASSERT_EQ(Run("warmup --arch=sm_90 bf16.nw4.ug1.nb1.pipe0", cache.path()).code, 0);
+  const std::string hostile = cache.Join("kernels/\x1b]0;pwned\x07\x1b[2Jx.gemvzk");
+  ASSERT_TRUE(internal::AtomicWriteFile(hostile, "x").ok());
+  const std::string nowhere = cache.Join("kernels/" + std::string(64, 'a') + ".gemvzk");
+  ASSERT_EQ(::symlink(tmp_.Join("nothing").c_str(), nowhere.c_str()), 0);
+  ASSERT_TRUE(internal::AtomicWriteFile(cache.Join("kernels/README.txt"), "notes").ok());
+  ASSERT_TRUE(internal::AtomicWriteFile(cache.Join("locks/settings.conf"), "x").ok());
+  ASSERT_TRUE(
+      internal::AtomicWriteFile(cache.Join("locks/" + std::string(64, 'b') + ".lock"), "").ok());
+  auto no_control = [](const std::string& text) {
+    return text.find_first_of("\x1b\x07") == std::string::npos;
+  };
+  RunResult list = Run("cache list", cache.path());
+  EXPECT_EQ(list.code, 0) << list.err;
+  EXPECT_TRUE(no_control(list.out)) << absl::CHexEscape(list.out);
+  EXPECT_NE(list.out.find("\\x1b]0;pwned"), std::string::npos) << list.out;
+  EXPECT_NE(list.out.find("3 entries"), std::string::npos) << list.out;
+  RunResult verify = Run("cache verify --cache_remove_bad", cache.path());
+  EXPECT_EQ(verify.code, 1);
+  EXPECT_TRUE(no_control(verify.out)) << absl::CHexEscape(verify.out);
+  EXPECT_NE(verify.out.find("a link that leads nowhere"), std::string::npos) << verify.out;
+  EXPECT_NE(verify.out.find("1 valid, 2 invalid, 2 removed"), std::string::npos) << verify.out;
+  struct stat st;
+  EXPECT_NE(::lstat(nowhere.c_str(), &st), 0) << "the link that leads nowhere is still there";
+  EXPECT_NE(::lstat(hostile.c_str(), &st), 0);
+  EXPECT_EQ(Run("cache verify", cache.path()).code, 0);
+  RunResult clear = Run("cache clear", cache.path());
+  EXPECT_EQ(clear.code, 0) << clear.err;
+  EXPECT_NE(clear.out.find("removed 1 entries"), std::string::npos) << clear.out;
+  EXPECT_EQ(ListFiles(cache.Join("kernels")), std::vector<std::string>{"README.txt"});
+  EXPECT_EQ(ListFiles(cache.Join("locks")), std::vector<std::string>{"settings.conf"});
 }
 
 TEST_F(ToolTest, UnwritableCacheFailsWarmupWithOneWarning) {

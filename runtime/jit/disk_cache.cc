@@ -517,11 +517,16 @@ absl::StatusOr<int> DiskCache::Clear() {
       }
     }
   }
-  SweepFiles({&kernels_dir_, &locks_dir_}, [](const std::string*, const std::string& name,
-                                             int64_t age) {
-    // A young temporary file may be a live writer's; leave it to finish its rename.
-    return name.find(".tmp.") == std::string::npos || age > kStaleLockSeconds;
-  });
+  // Then what the cache itself makes beside its entries: lock files (those no process holds) and
+  // temporary files. A young temporary file may be a live writer's; left to finish its rename. A
+  // file of any other name is not the cache's (the directory may be shared, or a link to another
+  // place) and stays.
+  SweepFiles({&kernels_dir_, &locks_dir_},
+             [&](const std::string* dir, const std::string& name, int64_t age) {
+               const bool lock = dir == &locks_dir_ && EndsWith(name, kLockSuffix);
+               const bool temp = name.find(".tmp.") != std::string::npos && age > kStaleLockSeconds;
+               return lock || temp;
+             });
   if (failed > 0) {
     return absl::PermissionDeniedError(absl::StrCat("removed ", removed,
                                                     " entries but could not remove ", failed,

@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/common/env.h"
 #include "runtime/common/file_util.h"
+#include "runtime/common/log.h"
 #include "runtime/jit/disk_cache.h"
 #include "tools/gemvz/bench_support.h"
 #include "tools/gemvz/command.h"
@@ -86,6 +87,11 @@ int Fail(const std::string& message, int code = 1) {
   return code;
 }
 
+// What the table shows of a file's name or of what an entry holds: escaped, since anyone who can
+// write to a shared cache directory chooses the names (a terminal escape would act on the screen
+// of whoever lists it). The JSON report keeps the raw values.
+std::string Shown(const std::string& s) { return internal::Escaped(s, std::string::npos); }
+
 int List(internal::DiskCache& cache) {
   if (absl::Status st = CheckOutputFile("json", absl::GetFlag(FLAGS_json)); !st.ok()) {
     return Fail(std::string(st.message()), 2);
@@ -103,12 +109,12 @@ int List(internal::DiskCache& cache) {
     const std::string age = HumanAge(now - e.last_used_unix_ns / 1000000000);
     if (!e.status.ok()) {
       ++bad;
-      std::printf("%-16s  (invalid: %s) %s\n", e.key.substr(0, 16).c_str(),
-                  std::string(e.status.message()).c_str(), HumanBytes(e.size_bytes).c_str());
+      std::printf("%-16s  (invalid: %s) %s\n", Shown(e.key.substr(0, 16)).c_str(),
+                  Shown(std::string(e.status.message())).c_str(), HumanBytes(e.size_bytes).c_str());
     } else {
-      std::printf("%-16s  %-24s %-7s %10s %6s %5d %6d\n", e.key.substr(0, 16).c_str(),
-                  e.kernel_name.c_str(), e.arch.c_str(), HumanBytes(e.size_bytes).c_str(),
-                  age.c_str(), e.registers, e.spill_bytes);
+      std::printf("%-16s  %-24s %-7s %10s %6s %5d %6d\n", Shown(e.key.substr(0, 16)).c_str(),
+                  Shown(e.kernel_name).c_str(), Shown(e.arch).c_str(),
+                  HumanBytes(e.size_bytes).c_str(), age.c_str(), e.registers, e.spill_bytes);
     }
     j.push_back({{"key", e.key},
                  {"valid", e.status.ok()},
@@ -141,18 +147,24 @@ int Verify(internal::DiskCache& cache) {
   int bad = 0, removed = 0;
   for (const internal::DiskEntryInfo& e : *entries) {
     if (e.status.ok()) {
-      std::printf("ok   %s  %s %s\n", e.key.c_str(), e.kernel_name.c_str(), e.arch.c_str());
+      std::printf("ok   %s  %s %s\n", Shown(e.key).c_str(), Shown(e.kernel_name).c_str(),
+                  Shown(e.arch).c_str());
       continue;
     }
     ++bad;
-    std::printf("BAD  %s  %s\n", e.key.c_str(), std::string(e.status.message()).c_str());
+    std::printf("BAD  %s  %s\n", Shown(e.key).c_str(),
+                Shown(std::string(e.status.message())).c_str());
     if (remove) {
       // Under the key's lock and after a second look, as the library does: a process may have
       // put a good entry in its place since the list was made. Read directly, not through the
       // JIT's lookup, whose warnings speak of compiling.
       const std::unique_ptr<internal::DiskCache::KeyLock> lock = cache.LockKey(e.key);
       const absl::StatusOr<internal::CompiledKernel> again = internal::ReadEntryFile(e.path, e.key);
-      const bool still_bad = !again.ok() && !absl::IsNotFound(again.status());
+      // NotFound is a file pruned meanwhile, unless something is still there: a link that leads
+      // nowhere reads as NotFound too, and is bad.
+      struct stat there;
+      const bool still_bad = !again.ok() && (!absl::IsNotFound(again.status()) ||
+                                             ::lstat(e.path.c_str(), &there) == 0);
       if (still_bad && std::remove(e.path.c_str()) == 0) ++removed;
     }
   }
