@@ -338,11 +338,24 @@ TEST_F(CliTest, BadArchOutputPathsAndRangesFailBeforeAnyWork) {
   const Result space = Run({"tune", "--space=adir"});
   EXPECT_EQ(space.rc, 2);
   EXPECT_CONTAINS(space.err, "Is a directory");
-  // An empty --configs (a variable that was not set) is not the default set of 113 kernels.
-  const Result empty_configs = Run({"warmup", "--configs="});
-  EXPECT_EQ(empty_configs.rc, 2) << empty_configs.err;
-  EXPECT_CONTAINS(empty_configs.err, "--configs needs a file name");
-  EXPECT_FALSE(absl::StrContains(empty_configs.err, "kernels for")) << empty_configs.err;
+  // An empty value (a variable that was not set) is not the flag's default: an empty --configs
+  // is not the default set of 113 kernels, an empty --cache_max_bytes not the default cap, an
+  // empty --json not "no report", in every command, either way a value is given.
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"warmup", "--configs="},
+                                             {"warmup", "--configs", ""},
+                                             {"cache", "prune", "--cache_max_bytes="},
+                                             {"bench", "--sequence="},
+                                             {"tune", "--sweep", "--space="},
+                                             {"demo", "--shape="},
+                                             {"bench", "--json="},
+                                             {"pack", "in.safetensors", "-o", ""}}) {
+    const Result r = Run(args);
+    EXPECT_EQ(r.rc, 2) << absl::StrJoin(args, " ") << ": " << r.err;
+    EXPECT_CONTAINS(r.err, "was given an empty value");
+    EXPECT_FALSE(absl::StrContains(r.err, "kernels for")) << r.err;
+    EXPECT_EQ(r.out, "") << absl::StrJoin(args, " ");
+  }
   // --j: a negative or absurd thread count, in every command that takes it.
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"demo", "--j=5000"},

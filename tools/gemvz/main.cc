@@ -111,6 +111,13 @@ int ParseArgs(const Command& command, int argc, char** argv, std::vector<std::st
       if (i + 1 >= argc) return usage_error(shown + " needs a value");
       value = argv[++i];
     }
+    // An empty value is what an unset variable gives (--json=$OUT): not the flag's default, which
+    // leaving the flag out asks for, and not a report silently not written.
+    if (!flag->IsOfType<bool>() && value->empty()) {
+      return usage_error(shown +
+                         " was given an empty value (an unset variable?); give it one, or "
+                         "leave the flag out for its default");
+    }
     std::string error;
     if (!flag->ParseFrom(*value, &error)) {
       return usage_error("bad " + shown + "=" + *value + ": " + error);

@@ -90,9 +90,6 @@ constexpr char kWarmupUsage[] =
 absl::StatusOr<std::vector<KernelConfig>> GatherConfigs(const std::vector<std::string>& args) {
   const std::string file = absl::GetFlag(FLAGS_configs);
   const bool all_default = absl::GetFlag(FLAGS_all_default);
-  if (file.empty() && FlagGiven("configs")) {  // e.g. --configs=$UNSET: not the default set
-    return absl::InvalidArgumentError("--configs needs a file name (or - for standard input)");
-  }
   const int sources = (file.empty() ? 0 : 1) + (all_default ? 1 : 0) + (args.empty() ? 0 : 1);
   if (sources > 1) {
     return absl::InvalidArgumentError(
