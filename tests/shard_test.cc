@@ -46,6 +46,37 @@ TEST(Shard, RowShardsRestoreTheirSlices) {
   }
 }
 
+// A shard counts its statistics from its own tables; one shard of the whole matrix must report
+// what Pack did, field by field, also for a dense row holding a weight far below the window,
+// which takes two correction entries (its padded table row counts both).
+TEST(Shard, AWholeShardReportsThePackersStatistics) {
+  const int64_t n = 16, k = 64;
+  std::vector<uint16_t> w(n * k, 0x3C00);          // 1.0
+  for (int c = 0; c < 9; ++c) w[c] = 0;            // 9 > k/8 outside: row 0 is dense
+  w[9] = static_cast<uint16_t>((20 << 8) | 0xA5);  // and one needing two entries
+  w[3 * k + 5] = w[9];                             // a sparse row's too
+  auto p = Pack(w.data(), n, k);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->stats.dense_rows, 1);
+  ASSERT_EQ(p->stats.residual_entries, 1);
+  auto rows = ShardRows(*p, 0, n);
+  auto cols = ShardCols(*p, 0, k);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_TRUE(cols.ok()) << cols.status();
+  for (const PackStats& s : {rows->stats, cols->stats}) {
+    EXPECT_EQ(s.weights, p->stats.weights);
+    EXPECT_EQ(s.outside_window, p->stats.outside_window);
+    EXPECT_EQ(s.sparse_entries, p->stats.sparse_entries);
+    EXPECT_EQ(s.residual_entries, p->stats.residual_entries);
+    EXPECT_EQ(s.dense_rows, p->stats.dense_rows);
+    EXPECT_EQ(s.total_bytes, p->stats.total_bytes);
+    EXPECT_EQ(s.bits_per_weight, p->stats.bits_per_weight);
+    EXPECT_EQ(s.exception_rate, p->stats.exception_rate);
+    EXPECT_EQ(s.window_coverage, p->stats.window_coverage);
+    EXPECT_EQ(s.padded_table_bytes, p->stats.padded_table_bytes);
+  }
+}
+
 TEST(Shard, ColumnShardsRestoreTheirSlicesAndSumToTheWhole) {
   const uint64_t seed = testing::FreshSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);

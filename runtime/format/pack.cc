@@ -397,4 +397,20 @@ absl::StatusOr<std::vector<uint16_t>> Unpack(const PackedMatrix& p) {
   return out;
 }
 
+namespace internal {
+
+int64_t CorrectionEntries(const uint16_t* weights, int64_t n, int base) {
+  int64_t entries = 0;
+  ParallelRanges(1, 1, [&](int64_t, int64_t, int) {  // on this thread, in IEEE arithmetic
+    for (int64_t i = 0; i < n; ++i) {
+      const int e7 = (weights[i] >> 8) & 0x7F;
+      if (e7 >= base && e7 < base + 8) continue;
+      uint32_t vals[2];
+      entries += Corrections(weights[i], Decoded(weights[i], base), vals);
+    }
+  });
+  return entries;
+}
+
+}  // namespace internal
 }  // namespace gemvz

@@ -42,6 +42,11 @@ std::array<uint32_t, 4> EmulateDecz(uint32_t s0, uint32_t s1, uint32_t q, uint32
 // and 64 (ValidatePacked); none is nothing to do.
 void ToGroupMajor(const uint8_t* weights, int64_t rows, int64_t cols, uint8_t* out);
 
+// The correction entries that Pack makes for `n` BF16 weights with window start `base`: none
+// inside the window, one or two outside (PackStats counts a dense row's, which are not stored,
+// for its padded table).
+int64_t CorrectionEntries(const uint16_t* weights, int64_t n, int base);
+
 // Every byte of `p` a kernel may read (PackStats::total_bytes), counted from the arrays
 // themselves: the packed weights, row offsets, correction entries, dense-row block offsets, dense
 // rows' indices and values.
