@@ -906,6 +906,25 @@ TEST_F(CliTest, BenchCountsBytesCopiesAndLaunchesAsDocumentedAndStaysPhysical) {
   }
 }
 
+// A matrix whose copies would number more than 1024 to reach --rotate_mb gets 1024, and bench
+// says that it reads less than asked (perhaps from L2); one that needs fewer gets no such note.
+TEST_F(CliTest, BenchSaysWhenItsCopiesFallShortOfRotateMb) {
+  if (!HasGpu()) GTEST_SKIP() << "no GPU: bench refuses (BenchNeedsAGpuOrWritesTheDocumentedJson)";
+  const std::string json = dir_ + "/small.json";
+  const Result r = Run({"bench", "--shape=64x128", "--m=1", "--replays=3", "--launches=4",
+                        "--rotate_mb=64", "--json=" + json});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_CONTAINS(r.err, "1024 copies of");
+  EXPECT_CONTAINS(r.err, "fall short of --rotate_mb (64 MiB)");
+  std::ifstream in(json);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  EXPECT_EQ(doc["cases"][0]["rotation"]["copies_bf16"].get<int64_t>(), 1024);
+  const Result big =
+      Run({"bench", "--shape=1024x4096", "--m=1", "--replays=3", "--launches=4", "--rotate_mb=64"});
+  ASSERT_EQ(big.rc, 0) << big.out << big.err;
+  EXPECT_FALSE(absl::StrContains(big.err, "fall short")) << big.err;
+}
+
 // A wrong result from one path: a stand-in for libcublas (tests/fake_cublas, named in the
 // documented GEMVZ_CUBLAS_LIBRARY) whose GEMM writes zeros. bench must check it, say which check
 // failed, mark the case and the report not ok and exit 1, with z12 and plain still right; the

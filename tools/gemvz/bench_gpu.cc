@@ -470,7 +470,17 @@ absl::StatusOr<std::unique_ptr<ShapeWorkload>> ShapeWorkload::Create(
 
 int ShapeWorkload::CopiesFor(int64_t bytes_per_copy) const {
   int64_t copies = (options_.rotate_bytes + bytes_per_copy - 1) / std::max<int64_t>(1, bytes_per_copy);
-  copies = std::clamp<int64_t>(copies, 2, 1024);
+  // At most 1024 copies (each an allocation; a graph takes whole rotations): a matrix that small
+  // reads less than --rotate_mb, perhaps from L2, and the timings say so.
+  constexpr int64_t kMaxCopies = 1024;
+  if (copies > kMaxCopies) {
+    Progress(
+        absl::StrFormat("  note: %d copies of %.3f MiB (%.1f MiB) fall short of --rotate_mb "
+                        "(%.0f MiB): timings may include L2 hits",
+                        kMaxCopies, MiB(bytes_per_copy), MiB(kMaxCopies * bytes_per_copy),
+                        MiB(options_.rotate_bytes)));
+  }
+  copies = std::clamp<int64_t>(copies, 2, kMaxCopies);
   // Stay within free memory (keeping 1 GiB for everything else), but never below 2 copies.
   size_t free_bytes = 0, total_bytes = 0;
   absl::StatusOr<const internal::DriverApi*> driver = internal::Driver();
