@@ -963,6 +963,31 @@ TEST(Gemv, PdlModeReachesTheLaunch) {
   }
 }
 
+// nullptr and CU_STREAM_LEGACY name one stream, the legacy default one, and so one workspace:
+// what a call on either holds, the other reports and releases.
+TEST(Gemv, NullAndCuStreamLegacyShareOneWorkspace) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  const WorkspaceGrowth w(seed);
+  ASSERT_TRUE(ReleaseGemvWorkspace(nullptr).ok());  // none held, whatever ran before
+  ASSERT_EQ(w.small.Check(WorkspaceGrowth::kSmallM, w.small_opt, seed, nullptr, CU_STREAM_LEGACY),
+            "");
+  absl::StatusOr<int64_t> by_null = GemvWorkspaceBytes(nullptr);
+  absl::StatusOr<int64_t> by_legacy = GemvWorkspaceBytes(CU_STREAM_LEGACY);
+  ASSERT_TRUE(by_null.ok()) << by_null.status();
+  ASSERT_TRUE(by_legacy.ok()) << by_legacy.status();
+  EXPECT_GE(*by_null, 64 * 1024) << "the split-K call's workspace, asked by nullptr";
+  EXPECT_EQ(*by_legacy, *by_null);
+  ASSERT_EQ(w.small.Check(WorkspaceGrowth::kSmallM, w.small_opt, seed + 1, nullptr, nullptr), "");
+  by_null = GemvWorkspaceBytes(nullptr);
+  ASSERT_TRUE(by_null.ok()) << by_null.status();
+  EXPECT_EQ(*by_null, *by_legacy) << "a call on nullptr made a second workspace";
+  ASSERT_TRUE(ReleaseGemvWorkspace(nullptr).ok());
+  by_legacy = GemvWorkspaceBytes(CU_STREAM_LEGACY);
+  ASSERT_TRUE(by_legacy.ok()) << by_legacy.status();
+  EXPECT_EQ(*by_legacy, 0) << "released by nullptr, still held for CU_STREAM_LEGACY";
+}
+
 // ReleaseGemvWorkspace frees what Gemv keeps for a stream, outgrown buffers included (each buffer
 // is an allocation before the call and none after it), and the next split-K
 // call on the stream allocates afresh and is right (its new semaphores start at zero). Refused

@@ -101,11 +101,15 @@ struct GemvOptions {
 // "Above m = 16"). Asynchronous; capturable in a CUDA graph, where a call needs no more workspace
 // than the stream has: the first split-K call of a size on a stream (or on a plain BF16 matrix
 // whose K is not a multiple of 64) must run once outside the capture, or the capture gets
-// FailedPrecondition saying so. Safe to call concurrently on different streams; each stream's
-// workspace has its own lock, so a thread blocked launching into a full stream holds up only that
-// stream's calls. x must be 16-byte aligned (2-byte for a plain BF16 matrix whose K is not a
-// multiple of 64) and out aligned to its element; cudaMalloc's pointers are. A misaligned one is
-// InvalidArgument, before anything is launched.
+// FailedPrecondition saying so. A captured call uses the capture stream's workspace wherever
+// the graph is launched: a graph captured on stream A and launched on another must not run at
+// the same time as other work of A's workspace (Gemv calls on A, or another graph captured on
+// A), since they would share its split-K sums and counters. Safe to call concurrently on
+// different streams; each stream's workspace has its own lock, so a thread blocked launching
+// into a full stream holds up only that stream's calls. x must be 16-byte aligned (2-byte for a
+// plain BF16 matrix whose K is not a multiple of 64) and out aligned to its element; cudaMalloc's
+// pointers are. A misaligned one is InvalidArgument, before anything is launched. out must not
+// overlap x (a kernel would read rows of x that it had already overwritten).
 absl::Status Gemv(const DeviceMatrix& w, const uint16_t* x, int64_t m, uint16_t* out,
                   CUstream_st* stream, const GemvOptions& options = {});
 

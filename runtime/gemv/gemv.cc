@@ -65,9 +65,11 @@ uint64_t ThreadSerial() {
 
 // (context, stream handle, thread): CU_STREAM_PER_THREAD (cudaStreamPerThread) is one handle
 // for a distinct stream in every thread, whose work runs concurrently, so its workspaces are the
-// calling thread's; every other handle is one stream, whichever thread calls (thread 0).
+// calling thread's; every other handle is one stream, whichever thread calls (thread 0), and
+// CU_STREAM_LEGACY is nullptr's stream, the legacy default one.
 using WorkspaceKey = std::tuple<CUcontext, CUstream, uint64_t>;
 WorkspaceKey KeyFor(CUcontext ctx, CUstream stream) {
+  if (stream == CU_STREAM_LEGACY) stream = nullptr;
   return {ctx, stream, stream == CU_STREAM_PER_THREAD ? ThreadSerial() : 0};
 }
 
