@@ -188,8 +188,8 @@ TEST(CompilerTest, ArchitecturesAreChecked) {
   EXPECT_TRUE(CheckArch("sm_90").ok());
   EXPECT_TRUE(CheckArch("sm_90a").ok());
   EXPECT_TRUE(CheckArch("sm_80").ok());
-  for (const char* bad :
-       {"", "sm90", "sm_", "compute_90", "sm_90b", "SM_90", "sm_9x", "sm_12345"}) {
+  for (const char* bad : {"", "sm90", "sm_", "compute_90", "sm_90b", "SM_90", "sm_9x", "sm_12345",
+                          "sm_090", "sm_0090a"}) {
     absl::Status st = CheckArch(bad);
     EXPECT_FALSE(st.ok()) << bad;
     EXPECT_NE(std::string(st.message()).find(absl::StrCat("'", bad, "'")), std::string::npos) << st;

@@ -83,6 +83,23 @@ TEST(EnvTest, BooleansIntegersAndUnset) {
     ScopedEnv v(kName, "1G");
     EXPECT_EQ(GetEnvBytes(kName, 0), int64_t{1} << 30);
   }
+  // A malformed value is read on every compile or call (GEMVZ_CACHE_MAX_BYTES after each
+  // compile): it warns once per process, and again only for another value.
+  for (const char* value : {"lots", "heaps"}) {
+    ScopedEnv v(kName, value);
+    testing::internal::CaptureStderr();
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(GetEnvBytes(kName, 9), 9);
+      EXPECT_EQ(GetEnvInt64(kName, 7), 7);
+      EXPECT_TRUE(GetEnvBool(kName, true));
+    }
+    const std::string err = testing::internal::GetCapturedStderr();
+    size_t warnings = 0;
+    for (size_t at = err.find(kName); at != std::string::npos; at = err.find(kName, at + 1)) {
+      ++warnings;
+    }
+    EXPECT_EQ(warnings, 1u) << value << ": " << err;
+  }
 }
 
 TEST(EnvTest, HomeDirectory) {

@@ -274,6 +274,31 @@ TEST(KernelCacheTest, UnwritableDirectoryFallsBackToMemoryWithOneWarning) {
   EXPECT_EQ(cache.counters().disk_writes, 0);
 }
 
+// One entry that cannot be published (a directory under its name, as may lie in a shared
+// directory) fails that kernel's write only: the next kernel is still published, and nothing says
+// the directory is not writable. (It used to turn the disk cache off for the process, locks
+// included, with that wrong diagnosis.)
+TEST(KernelCacheTest, OneEntryThatCannotBeWrittenLeavesTheCacheWritable) {
+  TempDir dir;
+  KernelCache cache(StandInOptions(dir.path()));
+  const std::vector<KernelConfig> c = DistinctConfigs(2);
+  const absl::StatusOr<std::string> key_a = cache.KeyFor(RequestForConfig(c[0], "sm_90"));
+  ASSERT_TRUE(key_a.ok()) << key_a.status();
+  const std::string a_path = EntryPath(dir.path(), *key_a);
+  ASSERT_TRUE(CreateDirectories(a_path).ok());
+  ASSERT_TRUE(AtomicWriteFile(a_path + "/inside", "x").ok());
+  testing::internal::CaptureStderr();
+  ASSERT_TRUE(cache.GetForConfig(c[0], "sm_90").ok());
+  const auto b = cache.GetForConfig(c[1], "sm_90");
+  ASSERT_TRUE(b.ok()) << b.status();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(FileSize(a_path + "/inside"), 1) << "the directory in the way was touched";
+  EXPECT_GT(FileSize(EntryPath(dir.path(), (*b)->key)), 0) << "the next kernel was not published";
+  EXPECT_EQ(cache.counters().disk_writes, 1);
+  EXPECT_EQ(CountOccurrences(err, "not writable"), 0) << err;
+  EXPECT_EQ(CountOccurrences(err, "cannot be written"), 1) << err;
+}
+
 TEST(KernelCacheTest, DisabledDiskCacheWritesNothing) {
   TempDir dir;
   ScopedEnv cache_dir("GEMVZ_CACHE_DIR", dir.path());

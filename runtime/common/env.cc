@@ -7,6 +7,9 @@
 #include <cctype>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -17,6 +20,19 @@
 #include "runtime/common/log.h"
 
 namespace gemvz::internal {
+
+namespace {
+
+// True the first time (name, value) is malformed in this process: the variables are read on
+// every compile or every call, and one warning says it.
+bool FirstWarning(const char* name, const std::string& value) {
+  static std::mutex mu;
+  static auto* warned = new std::set<std::pair<std::string, std::string>>();
+  std::lock_guard<std::mutex> lock(mu);
+  return warned->emplace(name, value).second;
+}
+
+}  // namespace
 
 std::optional<std::string> GetEnv(const char* name) {
   const char* v = std::getenv(name);
@@ -30,8 +46,10 @@ bool GetEnvBool(const char* name, bool default_value) {
   const std::string s = absl::AsciiStrToLower(absl::StripAsciiWhitespace(*v));
   if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
   if (s == "0" || s == "false" || s == "no" || s == "off") return false;
-  GEMVZ_LOG_WARNING("%s='%s' is not a boolean (1/0, true/false, yes/no, on/off); using %s", name,
-                    *v, default_value ? "1" : "0");
+  if (FirstWarning(name, *v)) {
+    GEMVZ_LOG_WARNING("%s='%s' is not a boolean (1/0, true/false, yes/no, on/off); using %s", name,
+                      *v, default_value ? "1" : "0");
+  }
   return default_value;
 }
 
@@ -40,7 +58,9 @@ int64_t GetEnvInt64(const char* name, int64_t default_value) {
   if (!v) return default_value;
   int64_t out = 0;
   if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*v), &out)) {
-    GEMVZ_LOG_WARNING("%s='%s' is not an integer; using %d", name, *v, default_value);
+    if (FirstWarning(name, *v)) {
+      GEMVZ_LOG_WARNING("%s='%s' is not an integer; using %d", name, *v, default_value);
+    }
     return default_value;
   }
   return out;
@@ -92,7 +112,9 @@ int64_t GetEnvBytes(const char* name, int64_t default_value) {
   if (!v) return default_value;
   absl::StatusOr<int64_t> parsed = ParseByteSize(*v);
   if (!parsed.ok()) {
-    GEMVZ_LOG_WARNING("%s: %s; using %d bytes", name, parsed.status().message(), default_value);
+    if (FirstWarning(name, *v)) {
+      GEMVZ_LOG_WARNING("%s: %s; using %d bytes", name, parsed.status().message(), default_value);
+    }
     return default_value;
   }
   return *parsed;

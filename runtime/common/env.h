@@ -1,5 +1,6 @@
 // Environment variables, read one way everywhere: unset and empty mean "not given", booleans and
-// byte sizes are parsed with one grammar, and a malformed value warns once and falls back.
+// byte sizes are parsed with one grammar, and a malformed value falls back, with a warning once
+// per process for each variable and value (they are read on every compile or call).
 #pragma once
 
 #include <cstdint>

@@ -338,8 +338,22 @@ absl::Status DiskCache::Write(const CompiledKernel& kernel) {
     }
   }
   absl::Status st = CreateDirectories(kernels_dir_);
+  const bool no_directory = !st.ok();
   if (st.ok()) st = AtomicWriteFile(EntryPath(kernel.key), SerializeEntry(kernel));
   if (!st.ok()) {
+    // A failure of this entry alone (a directory under its name, another user's file in a
+    // sticky shared directory) leaves the cache writable for the other kernels and their locks:
+    // only a directory that cannot be made or written to (a read-only file system included) is.
+    if (!no_directory && ::access(kernels_dir_.c_str(), W_OK | X_OK) == 0) {
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
+        GEMVZ_LOG_WARNING(
+            "kernel cache entry '%s' cannot be written (%s); that kernel stays in "
+            "memory only for this process (said once per process)",
+            EntryPath(kernel.key), st.message());
+      }
+      return st;
+    }
     absl::MutexLock lock(&mu_);
     if (!read_only_) {
       read_only_ = true;

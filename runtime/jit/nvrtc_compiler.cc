@@ -144,6 +144,8 @@ absl::Status CheckArch(std::string_view arch) {
   if (end == 3 || !(suffix.empty() || suffix == "a" || suffix == "f")) {
     return bad("it must be sm_<digits> with an optional 'a' or 'f' suffix, e.g. sm_90 or sm_90a");
   }
+  // NVRTC refuses sm_090 (an invalid option, at the compile): said here, before any work.
+  if (a[3] == '0') return bad("the number has a leading zero (sm_90, not sm_090)");
   int number = 0;
   if (!absl::SimpleAtoi(a.substr(3, end - 3), &number)) return bad("number out of range");
   const std::vector<int>& supported = SupportedArchs();
