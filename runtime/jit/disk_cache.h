@@ -26,7 +26,9 @@ struct DiskEntryMeta {
 };
 
 // Entry layout: 24-byte header ("GEMVZJIT", u32 format version, u32 CRC-32C of the payload,
-// u64 payload size) then the payload (length-prefixed fields, the key first).
+// u64 payload size) then the payload (length-prefixed fields, the key first). A new layout bumps
+// kJitSchemaVersion too (cache_key.h): two builds sharing a directory then key their entries
+// apart, where they would otherwise take each other's for invalid and remove them in turn.
 inline constexpr int kDiskEntryVersion = 1;
 std::string SerializeEntry(const CompiledKernel& kernel);
 // Checks everything (size, magic, version, checksum, fields, the key echoed inside against
