@@ -512,8 +512,9 @@ absl::StatusOr<internal::ScopedDeviceContext> EnterForStream(CUstream stream, in
   ASSIGN_OR_RETURN(const bool same, StreamOnContext(stream, scope.context()));
   if (!same) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": the stream belongs to another device's context than device ", device,
-                     "'s; pass the device whose matrices the stream's GEMVs used"));
+        absl::StrCat(what, ": the stream belongs to another context than device ", device,
+                     "'s primary one (another device's, or a context of its own); pass the device "
+                     "whose matrices the stream's GEMVs used"));
   }
   return scope;
 }
@@ -549,9 +550,11 @@ absl::Status GemvAny(const DeviceMatrix& w, const uint16_t* x, int64_t m, void* 
   if (!same) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Gemv: the matrix lives on device ", w.device(),
-        " but the stream belongs to another device's context; upload the matrix to that "
-        "device (DeviceMatrix::Upload(packed, device)) or use a stream of device ",
-        w.device()));
+        " but the stream belongs to another context than that device's primary one (the "
+        "context the library and the CUDA runtime use): another device's, or a context of its "
+        "own; upload the matrix to the stream's device (DeviceMatrix::Upload(packed, device)) or "
+        "use a stream of device ",
+        w.device(), "'s primary context"));
   }
   // Autotuning launches and allocates: never while the caller's stream is being captured.
   bool allow_autotune = false;
