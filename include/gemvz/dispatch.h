@@ -29,9 +29,8 @@ struct TunedChoice {
 // a config uses RB 2 or PIPE 4..8, 3 once a 12-bit entry's warps take uneven shares of K, 4 once a
 // config uses RB 4, 5 once a config reads group-major weights (".gm"), 6 once an entry names its
 // device or a config uses PIPE 9..13. All six are read; a newer version is neither read nor
-// overwritten. An entry measured on one GPU
-// serves only a GPU of that name (an H100 and an H200 are both sm_90, but their winners differ);
-// one without a device serves every GPU of its arch.
+// overwritten. An entry measured on one GPU serves only a GPU of that name (an H100 and an H200
+// are both sm_90, but their winners differ); one without a device serves every GPU of its arch.
 std::string TuningFilePath();
 // Merges `choices` into the tuning file (replacing entries of the same key), atomically. A 12-bit
 // choice whose weight order (KernelConfig::order) differs from the file's entries for the same

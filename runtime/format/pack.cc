@@ -110,18 +110,28 @@ void UseIeeeArithmetic() {
 #endif
 }
 
+// Default IEEE arithmetic on this thread while it lives (UseIeeeArithmetic); the thread's own
+// modes back afterwards, also when an exception passes.
+class IeeeArithmetic {
+ public:
+  IeeeArithmetic() {
+    std::fegetenv(&modes_);
+    UseIeeeArithmetic();
+  }
+  ~IeeeArithmetic() { std::fesetenv(&modes_); }
+  IeeeArithmetic(const IeeeArithmetic&) = delete;
+  IeeeArithmetic& operator=(const IeeeArithmetic&) = delete;
+
+ private:
+  std::fenv_t modes_;
+};
+
 // Runs fn(begin, end, worker) over [0, n) split into `threads` contiguous ranges (RunWorkers:
-// range 0, and any whose thread cannot start, on the calling thread, whose floating-point modes
-// are given back afterwards).
+// range 0, and any whose thread cannot start, on the calling thread), each in IEEE arithmetic.
 template <typename Fn>
 void ParallelRanges(int64_t n, int threads, Fn fn) {
   internal::RunWorkers(threads, [&](int w) {
-    struct RestoreModes {  // the thread's own modes back, also when fn throws
-      std::fenv_t modes;
-      RestoreModes() { std::fegetenv(&modes); }
-      ~RestoreModes() { std::fesetenv(&modes); }
-    } restore;
-    UseIeeeArithmetic();
+    const IeeeArithmetic ieee;
     fn(n * w / threads, n * (w + 1) / threads, w);
   });
 }
@@ -254,8 +264,7 @@ absl::StatusOr<PackedMatrix> Pack(const uint16_t* w, int64_t rows, int64_t cols,
         int64_t outside = 0, residual = 0;
         for (int64_t c = 0; c < cols; ++c) {
           const uint16_t bits = src[c];
-          const int e7 = E7(bits);
-          if (e7 >= base && e7 < base + 8) continue;
+          if (internal::InWindow(bits, base)) continue;
           ++outside;
           const uint16_t dec = Decoded(bits, base);
           uint32_t vals[2];
@@ -400,15 +409,13 @@ absl::StatusOr<std::vector<uint16_t>> Unpack(const PackedMatrix& p) {
 namespace internal {
 
 int64_t CorrectionEntries(const uint16_t* weights, int64_t n, int base) {
+  const IeeeArithmetic ieee;
   int64_t entries = 0;
-  ParallelRanges(1, 1, [&](int64_t, int64_t, int) {  // on this thread, in IEEE arithmetic
-    for (int64_t i = 0; i < n; ++i) {
-      const int e7 = (weights[i] >> 8) & 0x7F;
-      if (e7 >= base && e7 < base + 8) continue;
-      uint32_t vals[2];
-      entries += Corrections(weights[i], Decoded(weights[i], base), vals);
-    }
-  });
+  for (int64_t i = 0; i < n; ++i) {
+    if (InWindow(weights[i], base)) continue;
+    uint32_t vals[2];
+    entries += Corrections(weights[i], Decoded(weights[i], base), vals);
+  }
   return entries;
 }
 

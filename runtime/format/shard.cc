@@ -32,10 +32,7 @@ void RecomputeStats(PackedMatrix& p) {
   for (size_t d = 0; d < p.dense_rows.size(); ++d) {
     const uint16_t* row = &p.dense_values[d * p.cols];
     int64_t row_outside = 0;
-    for (int64_t c = 0; c < p.cols; ++c) {
-      const int e7 = (row[c] >> 8) & 0x7F;
-      row_outside += (e7 < p.base || e7 >= p.base + 8);
-    }
+    for (int64_t c = 0; c < p.cols; ++c) row_outside += !internal::InWindow(row[c], p.base);
     outside += row_outside;
     // Its entries in the padded table, as Pack counts them: a weight may need two.
     capr = std::max(capr, internal::CorrectionEntries(row, p.cols, p.base));

@@ -42,6 +42,13 @@ std::array<uint32_t, 4> EmulateDecz(uint32_t s0, uint32_t s1, uint32_t q, uint32
 // and 64 (ValidatePacked); none is nothing to do.
 void ToGroupMajor(const uint8_t* weights, int64_t rows, int64_t cols, uint8_t* out);
 
+// Whether the window starting at `base` holds the weight's exponent byte (its 7 high bits after
+// the sign), so that the decoder restores it with no correction.
+inline bool InWindow(uint16_t bits, int base) {
+  const int e7 = (bits >> 8) & 0x7F;
+  return e7 >= base && e7 < base + 8;
+}
+
 // The correction entries that Pack makes for `n` BF16 weights with window start `base`: none
 // inside the window, one or two outside (PackStats counts a dense row's, which are not stored,
 // for its padded table).
