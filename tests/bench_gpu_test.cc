@@ -213,7 +213,6 @@ TEST(BenchGpu, CheckAndCaptureGemvReportsALastCopyWithOtherBits) {
 // buffer is an allocation before the close and none after.
 TEST(BenchGpu, ClosingASessionFreesItsStreamsGemvWorkspace) {
   GEMVZ_REQUIRE_GPU();
-  const auto& api = **internal::Driver();
   constexpr int64_t kN = 1024, kK = 4096, kM = 8;
   Opened o = OpenWorkload(kN, kK, kM, int64_t{8} << 20);
   ASSERT_NE(o.plain, nullptr);
@@ -232,19 +231,13 @@ TEST(BenchGpu, ClosingASessionFreesItsStreamsGemvWorkspace) {
   const CUstream stream = o.session->stream();
   const std::vector<CUdeviceptr> buffers = internal::StreamWorkspaceBuffers(*ctx, stream);
   ASSERT_GE(buffers.size(), 2u) << "split-K partials and arrival counters";
-  // Asked in device 0's context whatever the session left current.
-  auto allocated = [&](CUdeviceptr p) {
-    CUdeviceptr start = 0;
-    return api.cuCtxSetCurrent(*ctx) == CUDA_SUCCESS &&
-           api.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) ==
-               CUDA_SUCCESS &&
-           start == p;
-  };
-  for (const CUdeviceptr p : buffers) ASSERT_TRUE(allocated(p)) << "buffer 0x" << std::hex << p;
+  for (const CUdeviceptr p : buffers)
+    ASSERT_TRUE(testing::IsAllocationStart(p)) << "buffer 0x" << std::hex << p;
   o.work.reset();
   o.session.reset();
   for (const CUdeviceptr p : buffers) {
-    EXPECT_FALSE(allocated(p)) << "buffer 0x" << std::hex << p << " outlived the session";
+    EXPECT_FALSE(testing::IsAllocationStart(p))
+        << "buffer 0x" << std::hex << p << " outlived the session";
   }
   EXPECT_TRUE(internal::StreamWorkspaceBuffers(*ctx, stream).empty());
 }

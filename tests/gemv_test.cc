@@ -994,7 +994,6 @@ TEST(Gemv, NullAndCuStreamLegacyShareOneWorkspace) {
 // during capture, an error for a device that does not exist, a no-op where nothing is held.
 TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
   GEMVZ_REQUIRE_GPU();
-  const auto& api = **internal::Driver();
   const uint64_t seed = FreshSeed();
   const WorkspaceGrowth w(seed);
   const TestStream stream;
@@ -1029,19 +1028,14 @@ TEST(Gemv, ReleaseWorkspaceFreesItAndALaterCallStartsAfresh) {
   const std::vector<CUdeviceptr> buffers =
       internal::StreamWorkspaceBuffers(stream.context(), stream);
   EXPECT_GE(buffers.size(), 4u) << "partials and semaphores, small and grown";
-  auto allocated = [&](CUdeviceptr p) {
-    CUdeviceptr start = 0;
-    return api.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) ==
-               CUDA_SUCCESS &&
-           start == p;
-  };
-  for (const CUdeviceptr p : buffers) EXPECT_TRUE(allocated(p)) << "buffer 0x" << std::hex << p;
+  for (const CUdeviceptr p : buffers)
+    EXPECT_TRUE(testing::IsAllocationStart(p)) << "buffer 0x" << std::hex << p;
   const absl::Status st = ReleaseGemvWorkspace(stream);
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(held(), 0);
   EXPECT_TRUE(internal::StreamWorkspaceBuffers(stream.context(), stream).empty());
   for (const CUdeviceptr p : buffers) {
-    EXPECT_FALSE(allocated(p)) << "buffer 0x" << std::hex << p << " was not freed";
+    EXPECT_FALSE(testing::IsAllocationStart(p)) << "buffer 0x" << std::hex << p << " was not freed";
   }
 
   // A later call allocates afresh, with zeroed semaphores, and is right; twice, so that the

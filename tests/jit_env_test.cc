@@ -11,6 +11,7 @@
 namespace gemvz::internal {
 namespace {
 
+using ::gemvz::jit_test::CountOccurrences;
 using ::gemvz::jit_test::ScopedEnv;
 
 TEST(EnvTest, ByteSizes) {
@@ -94,11 +95,7 @@ TEST(EnvTest, BooleansIntegersAndUnset) {
       EXPECT_TRUE(GetEnvBool(kName, true));
     }
     const std::string err = testing::internal::GetCapturedStderr();
-    size_t warnings = 0;
-    for (size_t at = err.find(kName); at != std::string::npos; at = err.find(kName, at + 1)) {
-      ++warnings;
-    }
-    EXPECT_EQ(warnings, 1u) << value << ": " << err;
+    EXPECT_EQ(CountOccurrences(err, kName), 1) << value << ": " << err;
   }
 }
 

@@ -81,6 +81,14 @@ TestStream::~TestStream() {
 
 void Synchronize() { Check(Api().cuCtxSynchronize(), "cuCtxSynchronize"); }
 
+bool IsAllocationStart(CUdeviceptr p) {
+  if (MakeDevice0Current() == nullptr) return false;
+  CUdeviceptr start = 0;
+  return Api().cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) ==
+             CUDA_SUCCESS &&
+         start == p;
+}
+
 void ReferenceGemv(const std::vector<uint16_t>& w, const std::vector<uint16_t>& x, int64_t m,
                    int64_t n, int64_t k, std::vector<double>* out, std::vector<double>* abs_sum) {
   out->assign(static_cast<size_t>(m * n), 0.0);

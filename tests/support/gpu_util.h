@@ -89,6 +89,10 @@ std::string CompareToReference(const std::vector<uint16_t>& got, const std::vect
 
 void Synchronize();
 
+// Whether `p` is the start of a live device allocation (what a freed buffer no longer is), asked
+// in device 0's primary context, made current first whatever a test left current.
+bool IsAllocationStart(CUdeviceptr p);
+
 // A NaN: any output a GEMV leaves unwritten fails the comparison with the reference.
 inline constexpr uint16_t kPoison = 0x7FC1;
 
