@@ -12,6 +12,8 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -486,6 +488,51 @@ TEST(BenchCase, DerivedNumbers) {
   const TimedPath untimed;
   EXPECT_EQ(untimed.TeraBytesPerSecond(), 0.0);
   EXPECT_EQ(ActivationBytes(8, pooler), 2 * 8 * 8192 + 2 * 8 * 4096);
+}
+
+TEST(ExceptionColumns, EvenlySpreadDistinctAndRoundedToTheShare) {
+  for (const auto& [k, percent, count] : std::vector<std::tuple<int64_t, double, int64_t>>{
+           {8192, 1, 82}, {4096, 1, 41}, {8192, 12.5, 1024}, {64, 100, 64}, {4096, 0.001, 1}}) {
+    const std::vector<int64_t> cols = ExceptionColumns(k, percent);
+    ASSERT_EQ(static_cast<int64_t>(cols.size()), count) << k << " " << percent;
+    EXPECT_EQ(cols.front(), 0);
+    EXPECT_LT(cols.back(), k);
+    EXPECT_GE(cols.back(), k - (k + count - 1) / count);  // the spread reaches the row's end
+    for (size_t i = 1; i < cols.size(); ++i) {
+      ASSERT_GT(cols[i], cols[i - 1]) << k << " " << percent << " " << i;
+      // Evenly spread: consecutive columns are floor(k / count) or ceil(k / count) apart.
+      EXPECT_LE(cols[i] - cols[i - 1], (k + count - 1) / count);
+      EXPECT_GE(cols[i] - cols[i - 1], k / count);
+    }
+  }
+}
+
+// What --exception_rows promises: each chosen weight (the smallest BF16 subnormal) becomes an
+// exception of its row among N(0, 1/K) weights, with two correction entries, and the row keeps
+// its exception list up to about K/8 of them (12 %) and is stored dense above (13 %).
+TEST(ExceptionColumns, EachBecomesAnExceptionAndAboveKOver8TheRowIsDense) {
+  const int64_t n = 64, k = 4096;
+  std::vector<uint16_t> w = NormalBf16(n * k, 1.0 / std::sqrt(double(k)), Rng()(), 2);
+  const std::vector<uint16_t> plain = w;
+  const std::vector<std::pair<int64_t, double>> rows = {{3, 1}, {20, 12}, {40, 13}};
+  for (const auto& [row, percent] : rows) {
+    for (int64_t col : ExceptionColumns(k, percent)) w[row * k + col] = 0x0001;
+  }
+  const auto base = Pack(plain.data(), n, k);
+  const auto packed = Pack(w.data(), n, k);
+  ASSERT_TRUE(base.ok() && packed.ok());
+  ASSERT_EQ(packed->base, base->base);  // three rows of outliers do not move the window
+  auto entries = [](const PackedMatrix& p, int64_t row) {
+    return static_cast<int64_t>(p.row_offsets[row + 1] - p.row_offsets[row]);
+  };
+  for (int64_t row : {3, 20}) {
+    const int64_t added = static_cast<int64_t>(ExceptionColumns(k, row == 3 ? 1 : 12).size());
+    // Two entries for each chosen weight; a weight that was an exception already had one or two.
+    EXPECT_GE(entries(*packed, row), 2 * added - entries(*base, row)) << row;
+    EXPECT_LE(entries(*packed, row), entries(*base, row) + 2 * added) << row;
+  }
+  EXPECT_EQ(entries(*packed, 40), 0);  // dense: no list
+  EXPECT_EQ(packed->stats.dense_rows, base->stats.dense_rows + 1);
 }
 
 TEST(Seeds, DependOnTheRunSeedAndTheShapeOnly) {

@@ -332,6 +332,25 @@ TEST_F(CliTest, BadArchOutputPathsAndRangesFailBeforeAnyWork) {
                                 "--zero_rows=64"});
   EXPECT_EQ(tune_rows.rc, 2) << tune_rows.err;
   EXPECT_CONTAINS(tune_rows.err, "--zero_rows: row 64 is outside 64x64");
+  // --exception_rows: ROW:PERCENT, checked as --zero_rows is, for bench and tune alike.
+  for (const auto& [value, message] : std::vector<std::pair<std::string, std::string>>{
+           {"5", "bad --exception_rows entry '5': expected ROW:PERCENT"},
+           {"5:0", "bad --exception_rows entry '5:0'"},
+           {"5:100.5", "bad --exception_rows entry '5:100.5'"},
+           {"5:x", "bad --exception_rows entry '5:x'"},
+           {"-1:2", "bad --exception_rows entry '-1:2'"},
+           {"5:1,", "bad --exception_rows entry ''"},
+           {"5:1,99999:2", "--exception_rows: row 99999 is outside"},
+           {"5:1,5:2", "--exception_rows: row 5 is given twice"}}) {
+    for (const char* command : {"bench", "tune"}) {
+      const Result r = Run({command, "--exception_rows=" + value});
+      EXPECT_EQ(r.rc, 2) << command << " " << value << ": " << r.err;
+      EXPECT_CONTAINS(r.err, message);
+    }
+  }
+  const Result both = Run({"bench", "--zero_rows=7", "--exception_rows=7:1"});
+  EXPECT_EQ(both.rc, 2) << both.err;
+  EXPECT_CONTAINS(both.err, "row 7 is in both --zero_rows and --exception_rows");
   const Result top = Run({"tune", "--sweep", "--top=-5"});
   EXPECT_EQ(top.rc, 2);
   EXPECT_CONTAINS(top.err, "bad --top=-5");

@@ -62,7 +62,7 @@ const std::string& BenchUsage() {
       "                      Per m it prints the time of one pass for z12 and plain BF16, each\n"
       "                      launched plainly and with programmatic dependent launch, and for\n"
       "                      cuBLAS; --json writes schema gemvz.sequence/1 (default: off)\n",
-      kZeroRowsFlagUsage, kMeasureFlagsUsage,
+      kZeroRowsFlagUsage, kExceptionRowsFlagUsage, kMeasureFlagsUsage,
       "\n"
       "Needs a GPU; without one it exits 1 and writes nothing. Exit status: 0 when every result\n"
       "is right, 1 when a check fails or something cannot run, 2 for a usage error.\n"
@@ -136,6 +136,7 @@ int RunBench(const std::vector<std::string>& args) {
   }
   for (const absl::Status& st :
        {ZeroRowsFromFlag(sequence->empty() ? *shapes : *sequence, &*workload),
+        ExceptionRowsFromFlag(sequence->empty() ? *shapes : *sequence, &*workload),
         CheckOutputFile("json", json_path), CheckOutputFile("plot", plot_path),
         CheckOutputIsNoneOf("plot", plot_path, {{"the --json file", json_path}})}) {
     if (!st.ok()) {
@@ -228,8 +229,9 @@ int RunBench(const std::vector<std::string>& args) {
 }  // namespace
 }  // namespace gemvz::cli
 
-GEMVZ_REGISTER_COMMAND(bench, "bench",
-                       "time z12 vs plain BF16 vs cuBLAS vs the bandwidth ceiling on the GPU",
-                       gemvz::cli::BenchUsage().c_str(), gemvz::cli::RunBench,
-                       "shape m json plot commit sequence zero_rows replays launches rotate_mb "
-                       "seed pdl device j");
+GEMVZ_REGISTER_COMMAND(
+    bench, "bench", "time z12 vs plain BF16 vs cuBLAS vs the bandwidth ceiling on the GPU",
+    gemvz::cli::BenchUsage().c_str(), gemvz::cli::RunBench,
+    "shape m json plot commit sequence zero_rows exception_rows replays launches "
+    "rotate_mb "
+    "seed pdl device j");

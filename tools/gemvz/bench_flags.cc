@@ -18,6 +18,9 @@ ABSL_FLAG(bool, pdl, false,
           "launch the library's GEMVs with programmatic dependent launch (Pdl::kAuto)");
 ABSL_FLAG(std::string, zero_rows, "",
           "comma-separated rows set to all zeros in the weights (padded-vocabulary rows)");
+ABSL_FLAG(std::string, exception_rows, "",
+          "comma-separated ROW:PERCENT: that share of the row's weights set outside the 12-bit "
+          "window (outlier rows)");
 
 namespace gemvz::cli {
 
@@ -40,6 +43,16 @@ const char kZeroRowsFlagUsage[] =
     "  --zero_rows=LIST    rows whose weights are all set to zero (padded vocabulary rows), to\n"
     "                      measure what such rows cost; a row outside a shape is an error\n"
     "                      (default: none)\n";
+
+const char kExceptionRowsFlagUsage[] =
+    "  --exception_rows=LIST  comma-separated ROW:PERCENT: in each such row PERCENT % of the\n"
+    "                      weights (evenly spread columns) are set to the smallest BF16\n"
+    "                      subnormal, far below the 12-bit window: each is an exception whose\n"
+    "                      correction takes two entries (FP32 cannot hold its difference from\n"
+    "                      the decoded weight in one), the most a weight costs; to measure what\n"
+    "                      a skewed row costs. Up to about 12.5 % (K/8 weights, the row's own\n"
+    "                      outliers included) the row keeps its exception list; above, it is a\n"
+    "                      dense row (default: none)\n";
 
 absl::StatusOr<TimingOptions> TimingFromFlags() {
   TimingOptions t;
@@ -89,6 +102,45 @@ absl::Status ZeroRowsFromFlag(const std::vector<MatrixShape>& shapes, WorkloadOp
       }
     }
     workload->zero_rows.push_back(row);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExceptionRowsFromFlag(const std::vector<MatrixShape>& shapes,
+                                   WorkloadOptions* workload) {
+  const std::string flag = absl::GetFlag(FLAGS_exception_rows);
+  if (flag.empty()) return absl::OkStatus();
+  for (absl::string_view part : absl::StrSplit(flag, ',')) {
+    const std::pair<absl::string_view, absl::string_view> row_pct =
+        absl::StrSplit(part, absl::MaxSplits(':', 1));
+    int64_t row = -1;
+    double percent = 0;
+    if (!absl::SimpleAtoi(row_pct.first, &row) || row < 0 ||
+        !absl::SimpleAtod(row_pct.second, &percent) || !(percent > 0 && percent <= 100)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad --exception_rows entry '", part,
+                       "': expected ROW:PERCENT, a row index >= 0 and a share in (0, 100]"));
+    }
+    for (const MatrixShape& shape : shapes) {
+      if (row >= shape.n) {
+        return absl::InvalidArgumentError(absl::StrCat("--exception_rows: row ", row,
+                                                       " is outside ", shape.ToString(), " (",
+                                                       shape.n, " rows)"));
+      }
+    }
+    for (const auto& [earlier, share] : workload->exception_rows) {
+      if (earlier == row) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--exception_rows: row ", row, " is given twice"));
+      }
+    }
+    for (int64_t zero : workload->zero_rows) {
+      if (zero == row) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "row ", row, " is in both --zero_rows and --exception_rows: give it to one"));
+      }
+    }
+    workload->exception_rows.emplace_back(row, percent);
   }
   return absl::OkStatus();
 }

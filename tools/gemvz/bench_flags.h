@@ -33,4 +33,12 @@ extern const char kZeroRowsFlagUsage[];
 // --zero_rows into `workload`, each row checked against every shape before anything long starts.
 absl::Status ZeroRowsFromFlag(const std::vector<MatrixShape>& shapes, WorkloadOptions* workload);
 
+// --exception_rows's lines, for bench and tune.
+extern const char kExceptionRowsFlagUsage[];
+
+// --exception_rows into `workload`, checked as --zero_rows is; a row may not be in both (call
+// after ZeroRowsFromFlag) nor twice.
+absl::Status ExceptionRowsFromFlag(const std::vector<MatrixShape>& shapes,
+                                   WorkloadOptions* workload);
+
 }  // namespace gemvz::cli

@@ -458,6 +458,13 @@ absl::StatusOr<std::unique_ptr<ShapeWorkload>> ShapeWorkload::Create(
     }
     std::fill(w->weights_.begin() + row * k, w->weights_.begin() + (row + 1) * k, uint16_t{0});
   }
+  for (const auto& [row, percent] : options.exception_rows) {
+    if (row >= n) {
+      return absl::InvalidArgumentError(absl::StrCat("--exception_rows: row ", row, " is outside ",
+                                                     shape.ToString(), " (", n, " rows)"));
+    }
+    for (int64_t col : ExceptionColumns(k, percent)) w->weights_[row * k + col] = 0x0001;
+  }
   const std::vector<uint16_t> x =
       NormalBf16(max_m * k, 1.0, InputSeed(options.seed, shape), options.threads);
   w->reference_ = ReferenceGemv(w->weights_.data(), x.data(), max_m, n, k, options.threads);

@@ -175,6 +175,9 @@ struct WorkloadOptions {
   int threads = 0;                            // host threads (0: all)
   uint64_t seed = 1;
   std::vector<int64_t> zero_rows;  // rows of the weights set to all zeros
+  // (row, percent): that share of the row's weights, at evenly spread columns, set to the
+  // smallest positive BF16 subnormal (0x0001), far outside any 12-bit window.
+  std::vector<std::pair<int64_t, double>> exception_rows;
 };
 
 // One shape on the GPU: random weights N(0, 1/K) and x N(0, 1) (BF16, from the seed), the CPU

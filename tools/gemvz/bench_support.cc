@@ -261,6 +261,14 @@ std::vector<uint16_t> NormalBf16(int64_t count, double stddev, uint64_t seed, in
   return v;
 }
 
+std::vector<int64_t> ExceptionColumns(int64_t k, double percent) {
+  const int64_t count =
+      std::clamp<int64_t>(std::llround(static_cast<double>(k) * percent / 100.0), 1, k);
+  std::vector<int64_t> cols(count);
+  for (int64_t i = 0; i < count; ++i) cols[i] = i * k / count;
+  return cols;
+}
+
 uint64_t RandomSeed() {
   std::random_device rd;
   uint64_t s = (static_cast<uint64_t>(rd()) << 32) ^ rd();

@@ -41,6 +41,9 @@ absl::StatusOr<std::vector<MatrixShape>> SequenceFromFlag(const std::string& seq
 // seed whatever the thread count: each 64 Ki-element chunk has its own generator.
 void FillNormalBf16(uint16_t* out, int64_t count, double stddev, uint64_t seed, int threads);
 std::vector<uint16_t> NormalBf16(int64_t count, double stddev, uint64_t seed, int threads);
+// --exception_rows's columns of a row of `k` weights for `percent` in (0, 100]: round(k *
+// percent / 100) of them (at least one), evenly spread, ascending and distinct: i * k / count.
+std::vector<int64_t> ExceptionColumns(int64_t k, double percent);
 // A fresh seed from the OS, for runs without --seed.
 uint64_t RandomSeed();
 // Seeds of a shape's weights and of its x, derived from the run's seed, so that every command

@@ -92,7 +92,7 @@ const std::string& TuneUsage() {
       "  --json=FILE         write every measurement as JSON (schema gemvz.tune/1, docs/CLI.md)\n"
       "  --arch=sm_XX        compile for this architecture (default: $GEMVZ_ARCH, else the\n"
       "                      GPU's, else sm_90)\n",
-      kZeroRowsFlagUsage, kMeasureFlagsUsage,
+      kZeroRowsFlagUsage, kExceptionRowsFlagUsage, kMeasureFlagsUsage,
       "\n"
       "Without a GPU, tune validates and compiles (useful to check that a configuration builds),\n"
       "then exits 1 saying that checking and timing need a GPU. Exit status: 0 when every valid\n"
@@ -392,8 +392,9 @@ int RunTune(const std::vector<std::string>& args) {
                                  sweep_format.status()}) {
     if (!st.ok()) return usage_error(std::string(st.message()));
   }
-  if (absl::Status st = ZeroRowsFromFlag(*shapes, &*workload); !st.ok()) {
-    return usage_error(std::string(st.message()));
+  for (const absl::Status& st :
+       {ZeroRowsFromFlag(*shapes, &*workload), ExceptionRowsFromFlag(*shapes, &*workload)}) {
+    if (!st.ok()) return usage_error(std::string(st.message()));
   }
   for (const absl::Status& st :
        {CheckOutputFile("json", absl::GetFlag(FLAGS_json)),
@@ -691,4 +692,5 @@ GEMVZ_REGISTER_COMMAND(tune, "tune",
                        "dispatcher",
                        gemvz::cli::TuneUsage().c_str(), gemvz::cli::RunTune,
                        "shape m config sweep sweep_format space top save json arch zero_rows "
+                       "exception_rows "
                        "replays launches rotate_mb seed pdl device j");
