@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -295,6 +296,46 @@ TEST(Format, ReferenceGemvOnPackedForm) {
       ASSERT_LE(std::abs(got - want), 1e-12 * std::max(mag, 1e-300)) << "row " << r << " token " << t;
     }
   }
+}
+
+// A row keeps its corrections as a list up to kMaxRowEntries entries; one more and it is dense
+// (computed by a CTA of its own), so that no row's list holds the kernel back. Weights of one
+// binade, all inside the window, so that every entry is one the test put there: outliers just
+// above the window take one entry each, the smallest subnormal two.
+TEST(Format, ARowWithMoreThanKMaxRowEntriesIsDense) {
+  const int64_t rows = 32, cols = 4096;
+  std::mt19937_64 rng(FreshSeed());
+  std::vector<uint16_t> w(rows * cols);
+  for (uint16_t& v : w) v = static_cast<uint16_t>((rng() & 0x807F) | (120 << 7));  // [2^-7, 2^-6)
+  const auto plain = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(plain.ok());
+  ASSERT_EQ(plain->stats.outside_window, 0);
+  // 2^9, eight window values above the weights' one (60: no window holds both, and 2^9 minus
+  // the window's top value fits FP32: one entry), and the smallest subnormal (two entries).
+  const uint16_t kOneEntry = (60 + 8) << 8, kTwoEntries = 0x0001;
+  auto set = [&](int64_t row, int64_t count, uint16_t value) {
+    for (int64_t i = 0; i < count; ++i) w[row * cols + 7 + i * 200] = value;
+  };
+  set(1, kMaxRowEntries, kOneEntry);            // 16 entries: a list
+  set(2, kMaxRowEntries + 1, kOneEntry);        // 17: dense
+  set(3, kMaxRowEntries / 2, kTwoEntries);      // 16: a list
+  set(4, kMaxRowEntries / 2 + 1, kTwoEntries);  // 18: dense
+  set(17, 1, kOneEntry);                        // a list of one in the second row block
+  const auto p = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto entries = [&](int64_t row) { return p->row_offsets[row + 1] - p->row_offsets[row]; };
+  EXPECT_EQ(entries(0), 0u);
+  EXPECT_EQ(entries(1), static_cast<uint32_t>(kMaxRowEntries));
+  EXPECT_EQ(entries(2), 0u);
+  EXPECT_EQ(entries(3), static_cast<uint32_t>(kMaxRowEntries));
+  EXPECT_EQ(entries(4), 0u);
+  EXPECT_EQ(entries(17), 1u);
+  EXPECT_EQ(p->stats.dense_rows, 2);
+  ASSERT_EQ(p->dense_rows, (std::vector<uint8_t>{2, 4}));
+  EXPECT_EQ(p->dense_block_offsets, (std::vector<uint32_t>{0, 2, 2}));
+  const auto back = Unpack(*p);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, w);
 }
 
 TEST(Format, CompactExceptionsWithAZeroRow) {

@@ -417,6 +417,63 @@ TEST(Gemv, HeavyTailsZeroRowsAndSkew) {
   }
 }
 
+// Rows with many exceptions. Up to kMaxRowEntries entries a row keeps its list, walked by its
+// two lanes of the exception warp; above, it is dense, computed by a CTA of its own. Rows at the
+// limit (8 smallest subnormals: 16 entries) and just past it (9), rows of 1 % and 12 % outliers
+// (dense), a row block whose 16 rows have 3 each, a dense row beside a long list, a list crowded
+// into one K slice, and the last row. Right against the reference and bitwise the same twice,
+// with split-K, RB 2 and 4, NB 1, 2 and 4 and chunks of m.
+TEST(Gemv, SkewedRowsRightAndDeterministic) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t n = 256, k = 8192;
+  auto w = testing::RandomMatrix(n, k, Distribution::kNormal, seed);
+  auto outliers = [&](int64_t row, int64_t count, int64_t from, int64_t to) {
+    for (int64_t i = 0; i < count; ++i) w[row * k + from + i * (to - from) / count] = 0x0001;
+  };
+  outliers(0, 983, 0, k);                     // 12 %
+  outliers(2, kMaxRowEntries / 2, 0, k);      // 16 entries: the longest list
+  outliers(3, kMaxRowEntries / 2 + 1, 0, k);  // 18: dense
+  outliers(15, 82, 0, k);                     // 1 %, the block's last row
+  for (int64_t row = 16; row < 32; ++row) outliers(row, 3, 64 * row, k);
+  std::fill(w.begin() + 40 * k, w.begin() + 41 * k, uint16_t{0});  // dense
+  outliers(41, kMaxRowEntries / 2, 0, k);
+  outliers(70, kMaxRowEntries / 2, 0, 1024);  // crowded into the first K slice
+  outliers(n - 1, 983, 0, k);
+  const Problem p = Problem::Make(n, k, w);
+  ASSERT_TRUE(p.dm.valid());
+  std::vector<GemvOptions> options = {GemvOptions{}};
+  for (const KernelConfig& c : {KernelConfig{WeightFormat::kZ12, 8, 1, 1, 2, 1},
+                                KernelConfig{WeightFormat::kZ12, 8, 2, 2, 3, 4},
+                                KernelConfig{WeightFormat::kZ12, 4, 1, 2, 3, 2, 2},
+                                KernelConfig{WeightFormat::kZ12, 4, 2, 2, 5, 1, 4},
+                                KernelConfig{WeightFormat::kZ12, 8, 1, 4, 3, 2}}) {
+    options.push_back(GemvOptions{c});
+  }
+  for (const GemvOptions& opt : options) {
+    const std::string name = opt.config ? opt.config->ToString() : "the dispatcher's";
+    for (int64_t m : {1, 5, 8, 16, 27, 40}) {
+      if (opt.config && m > 8 * opt.config->nb) continue;
+      EXPECT_EQ(p.Check(m, opt, seed + m), "") << name << " m=" << m;
+    }
+  }
+  // Bitwise the same twice (the sums' order is fixed), split-K included.
+  const int64_t m = 16;
+  auto x = testing::RandomActivations(m, k, seed);
+  DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
+  dx.Upload(x.data(), x.size() * 2);
+  for (const GemvOptions& opt : {options[0], options[2], options[3]}) {
+    std::vector<uint16_t> first(m * n), again(m * n);
+    for (std::vector<uint16_t>* out : {&first, &again}) {
+      dout.Fill16(kPoison);
+      ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr, opt).ok());
+      dout.Download(out->data(), m * n * 2);
+    }
+    EXPECT_EQ(first, again);
+  }
+}
+
 // Dense rows that hold values (the all-zero rows elsewhere would hide a wrong sum): rows scaled
 // by 2^12, so that nearly all their weights lie above the window, are computed by a CTA of their
 // own from the original BF16 values. K gives every thread of that CTA (up to 1024) at least one 16-byte chunk, so every

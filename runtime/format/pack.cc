@@ -220,7 +220,8 @@ absl::StatusOr<PackedMatrix> Pack(const uint16_t* w, int64_t rows, int64_t cols,
   p.weights.resize(static_cast<size_t>(nblocks * ngroups * kGroupBytes));
 
   // Pass 2, per row block: the packed groups, and each row's corrections.
-  const int64_t dense_threshold = cols / 8;  // more outside-window weights than this: dense row
+  // More outside-window weights than this, or more entries than kMaxRowEntries: a dense row.
+  const int64_t dense_threshold = cols / 8;
   struct WorkerOut {
     std::vector<ExceptionEntry> entries;
     std::vector<uint32_t> row_counts;  // per row of the worker's range
@@ -276,7 +277,7 @@ absl::StatusOr<PackedMatrix> Pack(const uint16_t* w, int64_t rows, int64_t cols,
           }
         }
         o.outside += outside;
-        if (outside > dense_threshold) {
+        if (outside > dense_threshold || outside + residual > kMaxRowEntries) {
           o.dense_rows.push_back(static_cast<uint8_t>(r));
           o.dense_row_ids.push_back(row);
           o.row_counts.push_back(0);

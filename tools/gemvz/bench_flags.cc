@@ -50,9 +50,10 @@ const char kExceptionRowsFlagUsage[] =
     "                      subnormal, far below the 12-bit window: each is an exception whose\n"
     "                      correction takes two entries (FP32 cannot hold its difference from\n"
     "                      the decoded weight in one), the most a weight costs; to measure what\n"
-    "                      a skewed row costs. Up to about 12.5 % (K/8 weights, the row's own\n"
-    "                      outliers included) the row keeps its exception list; above, it is a\n"
-    "                      dense row (default: none)\n";
+    "                      a skewed row costs. A row keeps its list up to 16 entries (8 such\n"
+    "                      weights, the row's own outliers included); above, it is a dense\n"
+    "                      row, computed by a CTA of its own from its BF16 values (default:\n"
+    "                      none)\n";
 
 absl::StatusOr<TimingOptions> TimingFromFlags() {
   TimingOptions t;
