@@ -555,6 +555,39 @@ TEST_F(CliTest, TuneSpaceFileSkipsBadLinesAndInvalidConfigurations) {
   EXPECT_TRUE(res["winner"].is_object());
 }
 
+// A kernel that fails to compile costs only itself: the others are compiled in parallel with their
+// progress, and the failing one is compiled once, not again with the rest one by one. Spills are
+// errors here, and this bf16 kernel spills on sm_80.
+TEST_F(CliTest, TuneCompilesPastAFailedKernel) {
+  env_["GEMVZ_NVRTC_OPTIONS"] =
+      "--ptxas-options=--warn-on-spills --ptxas-options=--warning-as-error";
+  env_["GEMVZ_WEIGHT_ORDER"] = "block";
+  env_["GEMVZ_LOG"] = "1";
+  gemvz::testing::WriteAll(dir_ + "/space.txt",
+                           "bf16.nw32.ug1.nb1.pipe2\nz12.nw2.ug1.nb1.pipe0\nz12.nw4.ug1.nb1.pipe0\n"
+                           "z12.nw4.ug2.nb1.pipe0\nz12.nw8.ug1.nb1.pipe0\n");
+  const Result r = Run({"tune", "--shape=4096x4096", "--m=1", "--space=space.txt", "--j=2",
+                        "--arch=sm_80", "--replays=5", "--launches=16", "--rotate_mb=256"});
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_CONTAINS(r.out, "compile FAILED");
+  EXPECT_CONTAINS(r.out, "bf16.nw32.ug1.nb1.pipe2.s1");
+  for (const std::string& good : {"z12.nw2.ug1.nb1.pipe0", "z12.nw4.ug1.nb1.pipe0",
+                                  "z12.nw4.ug2.nb1.pipe0", "z12.nw8.ug1.nb1.pipe0"}) {
+    EXPECT_CONTAINS(r.err, "/5 " + good + ": ");  // its progress line
+  }
+  const std::string miss = "jit: miss bf16.nw32.ug1.nb1.pipe2 for sm_80";
+  size_t misses = 0;
+  for (size_t at = r.err.find(miss); at != std::string::npos; at = r.err.find(miss, at + 1)) {
+    ++misses;
+  }
+  EXPECT_EQ(misses, 1u) << r.err;
+  if (!HasGpu()) {
+    EXPECT_CONTAINS(r.out,
+                    "4 valid configuration(s) compiled or found in the cache for sm_80, 1 "
+                    "failed to compile");
+  }
+}
+
 // GEMVZ_FORCE_CONFIG is process-wide: the demo plans it, as Gemv runs it, in each matrix's weight
 // order (on sm_90 4096x8192 is uploaded group-major, 6144x4096 block-major).
 // An output file may not replace another file of the same command line: usage errors, before

@@ -196,22 +196,20 @@ void CompileCandidates(std::vector<TuneCase>* cases, const std::string& arch, in
   std::map<std::string, std::string> failed;
   if (!configs.empty()) {
     Progress(absl::StrFormat("[tune] compiling %d kernels for %s", configs.size(), arch));
-    absl::StatusOr<std::vector<PrecompileResult>> all = PrecompileAll(
-        configs, arch, threads, [](int n, int total, const PrecompileResult& r) {
+    // Every one is tried, --j at a time, whatever fails: a failure is only that kernel's.
+    std::vector<absl::StatusOr<PrecompileResult>> each = internal::PrecompileEach(
+        configs, arch, threads, /*stop_on_error=*/false,
+        [](int n, int total, const PrecompileResult& r) {
           Progress(absl::StrFormat("[tune]   %d/%d %s: %.0f ms%s", n, total, r.config.KernelName(),
                                    r.millis, r.from_disk ? " (disk cache)" : ""));
         });
-    if (all.ok()) {
-      for (const PrecompileResult& r : *all) done.emplace(r.config.KernelName(), r);
-    } else {
-      // PrecompileAll stops at the first error: ask one by one to learn which ones fail.
-      for (const KernelConfig& config : configs) {
-        absl::StatusOr<PrecompileResult> r = Precompile(config, arch);
-        if (r.ok()) {
-          done.emplace(config.KernelName(), *r);
-        } else {
-          failed.emplace(config.KernelName(), std::string(r.status().message()));
-        }
+    for (size_t i = 0; i < configs.size(); ++i) {
+      const std::string name = configs[i].KernelName();
+      if (each[i].ok()) {
+        done.emplace(name, *each[i]);
+      } else {
+        Progress(absl::StrFormat("[tune]   %s: compile FAILED", name));
+        failed.emplace(name, std::string(each[i].status().message()));
       }
     }
   }
