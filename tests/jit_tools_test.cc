@@ -12,6 +12,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "runtime/common/file_util.h"
 #include "tests/support/jit_test_util.h"
 
@@ -94,6 +95,44 @@ TEST_F(ToolTest, WarmupTwiceThenAllHits) {
       Run("warmup --arch=sm_90 bf16.nw4.ug1.nb1.pipe0 z12.nw4.ug1.nb1.pipe0.s8", cache.path());
   ASSERT_EQ(third.code, 0) << third.err;
   EXPECT_NE(third.out.find("(all hits)"), std::string::npos) << third.out;
+}
+
+// A kernel that fails to compile costs only itself: the others are compiled and published, the
+// table and the summary show the failure, the report has its error, and the exit status is 1.
+// Spills are errors here, and this bf16 kernel spills on sm_80; first in line with --j=1, it used
+// to leave the other uncompiled and nothing on stdout.
+TEST_F(ToolTest, WarmupCompilesPastAFailedKernel) {
+  TempDir cache;
+  ASSERT_TRUE(internal::AtomicWriteFile(tmp_.Join("configs.txt"),
+                                        "bf16.nw32.ug1.nb1.pipe2\nz12.nw4.ug1.nb1.pipe0\n")
+                  .ok());
+  RunResult r = Run(absl::StrCat("warmup --arch=sm_80 --j=1 --configs=", tmp_.Join("configs.txt"),
+                                 " --json=", tmp_.Join("w.json")),
+                    cache.path(),
+                    "GEMVZ_NVRTC_OPTIONS='--ptxas-options=--warn-on-spills "
+                    "--ptxas-options=--warning-as-error'");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("bf16.nw32.ug1.nb1.pipe2  sm_80   FAILED   NVRTC failed to compile"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("z12.nw4.ug1.nb1.pipe0    sm_80   compiled"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 kernels for sm_80 on 1 threads"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 compiled, 0 hits, 1 FAILED"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("error: 1 of 2 kernels failed to compile"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("spill"), std::string::npos) << "no NVRTC log: " << r.err;
+  EXPECT_EQ(ListFiles(cache.Join("kernels")).size(), 1u);
+  absl::StatusOr<std::string> json = internal::ReadFile(tmp_.Join("w.json"));
+  ASSERT_TRUE(json.ok()) << r.err;
+  const nlohmann::json doc = nlohmann::json::parse(*json);
+  EXPECT_EQ(doc["compiled"], 1);
+  EXPECT_EQ(doc["failed"], 1);
+  ASSERT_EQ(doc["results"].size(), 2u);
+  EXPECT_EQ(doc["results"][0]["config"], "bf16.nw32.ug1.nb1.pipe2");
+  EXPECT_NE(doc["results"][0]["error"].get<std::string>().find("NVRTC failed to compile"),
+            std::string::npos);
+  EXPECT_FALSE(doc["results"][0].contains("registers"));
+  EXPECT_EQ(doc["results"][1]["config"], "z12.nw4.ug1.nb1.pipe0");
+  EXPECT_FALSE(doc["results"][1].contains("error"));
 }
 
 TEST_F(ToolTest, BadConfigurationLineIsNamed) {

@@ -62,14 +62,15 @@ constexpr char kWarmupUsage[] =
     "                   what runs when no configuration is given at all\n"
     "  --j=N            compiles in parallel (default 0: one per core)\n"
     "  --json=FILE      also write the results as JSON: {arch, threads, seconds, compiled, hits,\n"
-    "                   cache_dir, results: [{config, from_disk, ms, registers, spill_bytes,\n"
-    "                   shared_bytes}]}\n"
+    "                   failed, cache_dir, results: [{config, from_disk, ms, registers,\n"
+    "                   spill_bytes, shared_bytes}, or {config, error} for one that failed]}\n"
     "\n"
     "output: progress on stderr, one line per finished kernel; then on stdout one line per kernel\n"
-    "(kernel, arch, compiled or hit, milliseconds, registers, spill bytes, static shared bytes)\n"
-    "and a summary. Kernels that spill registers are flagged. Exit status: 0 when every kernel\n"
-    "compiled and is in the cache (with the disk cache disabled: compiled), 1 on a failed compile, "
-    "an unwritable cache or one whose size cap cannot\n"
+    "(kernel, arch, compiled or hit, milliseconds, registers, spill bytes, static shared bytes;\n"
+    "FAILED and the error's first line for one that did not compile, its whole log on stderr)\n"
+    "and a summary. A failed compile stops no other kernel. Kernels that spill registers are\n"
+    "flagged. Exit status: 0 when every kernel compiled and is in the cache (with the disk cache\n"
+    "disabled: compiled), 1 on a failed compile, an unwritable cache or one whose size cap cannot\n"
     "hold them all, 2 on bad usage.\n"
     "\n"
     "environment:\n"
@@ -173,32 +174,49 @@ int RunWarmup(const std::vector<std::string>& args) {
 
   const JitCounters before = GetJitCounters();
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<std::vector<PrecompileResult>> results =
-      PrecompileAll(*configs, *arch, threads, [](int done, int total, const PrecompileResult& r) {
+  // Every kernel is tried, whatever fails: one that does not compile costs only itself.
+  const std::vector<absl::StatusOr<PrecompileResult>> each = internal::PrecompileEach(
+      *configs, *arch, threads, /*stop_on_error=*/false,
+      [](int done, int total, const PrecompileResult& r) {
         std::fprintf(stderr, "[%*d/%d] %-24s %-8s %8.1f ms\n", total >= 10 ? 2 : 1, done, total,
                      r.config.KernelName().c_str(), r.from_disk ? "hit" : "compiled", r.millis);
       });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!results.ok()) {
-    std::fprintf(stderr, "gemvz warmup: %s\n", std::string(results.status().message()).c_str());
-    return 1;
-  }
   const JitCounters after = GetJitCounters();
+  std::vector<PrecompileResult> results;  // the kernels that compiled or were hits
+  int failed = 0;
+  for (size_t i = 0; i < each.size(); ++i) {
+    if (each[i].ok()) {
+      results.push_back(*each[i]);
+    } else {
+      ++failed;
+      std::fprintf(stderr, "gemvz warmup: %s: %s\n", (*configs)[i].KernelName().c_str(),
+                   std::string(each[i].status().message()).c_str());
+    }
+  }
 
   int compiled = 0, hits = 0, spilling = 0;
   std::printf("%-24s %-7s %-8s %9s %5s %6s %6s\n", "kernel", "arch", "result", "ms", "regs",
               "spill", "smem");
-  for (const PrecompileResult& r : *results) {
+  for (size_t i = 0; i < each.size(); ++i) {
+    if (!each[i].ok()) {
+      const std::string message(each[i].status().message());
+      std::printf("%-24s %-7s %-8s %s\n", (*configs)[i].KernelName().c_str(), arch->c_str(),
+                  "FAILED", message.substr(0, message.find('\n')).c_str());
+      continue;
+    }
+    const PrecompileResult& r = *each[i];
     (r.from_disk ? hits : compiled)++;
     if (r.spill_bytes > 0) ++spilling;
     std::printf("%-24s %-7s %-8s %9.1f %5d %6d %6d%s\n", r.config.KernelName().c_str(),
                 r.arch.c_str(), r.from_disk ? "hit" : "compiled", r.millis, r.registers,
                 r.spill_bytes, r.shared_bytes, r.spill_bytes > 0 ? "  SPILLS" : "");
   }
-  std::printf("%zu kernels for %s on %d threads in %.2f s: %d compiled, %d hits%s\n",
-              results->size(), arch->c_str(), threads, seconds, compiled, hits,
-              compiled == 0 ? " (all hits)" : "");
+  std::printf("%zu kernels for %s on %d threads in %.2f s: %d compiled, %d hits%s%s\n", each.size(),
+              arch->c_str(), threads, seconds, compiled, hits,
+              failed > 0 ? absl::StrCat(", ", failed, " FAILED").c_str() : "",
+              compiled == 0 && failed == 0 ? " (all hits)" : "");
   if (spilling > 0) {
     std::printf("warning: %d kernel(s) spill registers to local memory (see the SPILLS lines)\n",
                 spilling);
@@ -213,18 +231,25 @@ int RunWarmup(const std::vector<std::string>& args) {
                 static_cast<long long>(new_compiles - written),
                 static_cast<long long>(new_compiles), cache_dir.c_str());
     status = 1;
-  } else if (const int evicted = NotInCache(cache_dir, *results); evicted > 0) {
+  } else if (const int evicted = NotInCache(cache_dir, results); evicted > 0) {
     // Each write prunes the cache to its cap, least recently used first: a cap smaller than this
     // warm-up's kernels evicts some of them. Another process may also have pruned or cleared it.
     std::printf(
         "error: %d of %zu kernels are no longer in %s: evicted by its size cap, %s bytes "
         "(GEMVZ_CACHE_MAX_BYTES, default 1G), too small to hold them all, or removed by another "
         "process (gemvz cache prune or clear)\n",
-        evicted, results->size(), cache_dir.c_str(),
+        evicted, results.size(), cache_dir.c_str(),
         absl::StrCat(internal::DiskCacheMaxBytes()).c_str());
     status = 1;
   } else {
     std::printf("cache: %s\n", cache_dir.c_str());
+  }
+  if (failed > 0) {
+    std::printf(
+        "error: %d of %zu kernels failed to compile (the FAILED lines; NVRTC's log on "
+        "stderr)\n",
+        failed, each.size());
+    status = 1;
   }
 
   if (const std::string json_path = absl::GetFlag(FLAGS_json); !json_path.empty()) {
@@ -235,7 +260,14 @@ int RunWarmup(const std::vector<std::string>& args) {
     j["compiled"] = compiled;
     j["hits"] = hits;
     j["cache_dir"] = cache_dir;
-    for (const PrecompileResult& r : *results) {
+    j["failed"] = failed;
+    for (size_t i = 0; i < each.size(); ++i) {
+      if (!each[i].ok()) {
+        j["results"].push_back({{"config", (*configs)[i].KernelName()},
+                                {"error", std::string(each[i].status().message())}});
+        continue;
+      }
+      const PrecompileResult& r = *each[i];
       j["results"].push_back({{"config", r.config.KernelName()},
                               {"from_disk", r.from_disk},
                               {"ms", r.millis},
