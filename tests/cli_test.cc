@@ -588,6 +588,29 @@ TEST_F(CliTest, TuneCompilesPastAFailedKernel) {
   }
 }
 
+// A sweep with nothing valid to try for any shape and m asked is a usage error before any work, as
+// a --config that fits none is (with a GPU it timed the dispatcher's choices alone, status 0).
+TEST_F(CliTest, TuneSweepWithNothingValidToTryIsAUsageError) {
+  gemvz::testing::WriteAll(dir_ + "/space.txt", "z12.nw8.ug2.nb1.pipe3.s16\n");
+  const struct {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"tune", "--shape=4100x8192", "--m=1,8", "--sweep"},
+       "nothing to try: --sweep (--sweep_format=z12) has no configuration valid for any shape"},
+      {{"tune", "--shape=1x64", "--sweep", "--sweep_format=bf16"},
+       "nothing to try: --sweep (--sweep_format=bf16) has no configuration valid"},
+      {{"tune", "--shape=4096x8192", "--m=8", "--space=space.txt"},
+       "nothing to try: --space space.txt has no configuration valid"},
+  };
+  for (const auto& c : cases) {
+    const Result r = Run(c.args);
+    EXPECT_EQ(r.rc, 2) << absl::StrJoin(c.args, " ") << ": " << r.out << r.err;
+    EXPECT_CONTAINS(r.err, c.message);
+    EXPECT_EQ(r.out, "") << absl::StrJoin(c.args, " ");
+  }
+}
+
 // GEMVZ_FORCE_CONFIG is process-wide: the demo plans it, as Gemv runs it, in each matrix's weight
 // order (on sm_90 4096x8192 is uploaded group-major, 6144x4096 block-major).
 // An output file may not replace another file of the same command line: usage errors, before

@@ -97,7 +97,8 @@ const std::string& TuneUsage() {
       "Without a GPU, tune validates and compiles (useful to check that a configuration builds),\n"
       "then exits 1 saying that checking and timing need a GPU. Exit status: 0 when every valid\n"
       "configuration compiled and gave the right result, 1 otherwise, 2 for a usage error\n"
-      "(including a --config that is invalid for every shape asked).\n"
+      "(including a --config that is invalid for every shape asked, or a --sweep or --space\n"
+      "with no configuration valid for any).\n"
       "\n"
       "examples:\n"
       "  gemvz tune --shape=4096x8192 --m=8 --config=z12.nw8.ug2.nb1.pipe3.s1\n"
@@ -524,6 +525,30 @@ int RunTune(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gemvz tune: nothing to try: %s breaks a rule for every shape asked\n",
                  single->ToString().c_str());
     return 2;
+  }
+  // So is a sweep with no configuration valid for any (shape, m) asked: it would time only the
+  // dispatcher's choices and rank nothing, and a GPU run would end with status 0.
+  if (!single) {
+    int valid = 0;
+    for (const TuneCase& c : cases) {
+      for (const Candidate& cand : c.candidates) valid += cand.invalid.empty() ? 1 : 0;
+    }
+    if (valid == 0) {
+      for (const TuneCase& c : cases) {
+        for (const Candidate& cand : c.candidates) {
+          std::fprintf(stderr, "gemvz tune: %s\n", cand.invalid.c_str());
+        }
+      }
+      const std::string what =
+          space ? absl::StrCat("--space ", space_path)
+                : absl::StrCat("--sweep (--sweep_format=", std::string(FormatName(*sweep_format)),
+                               ")");
+      std::fprintf(stderr,
+                   "gemvz tune: nothing to try: %s has no configuration valid for any shape and m "
+                   "asked\n",
+                   what.c_str());
+      return 2;
+    }
   }
 
   const int threads = workload->threads;  // --j, checked by WorkloadFromFlags
