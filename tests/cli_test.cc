@@ -611,6 +611,42 @@ TEST_F(CliTest, TuneSweepWithNothingValidToTryIsAUsageError) {
   }
 }
 
+// --save's tuning file is checked before any work, not after all the timing: none at all, a
+// directory, one under a plain file, or one of a newer gemvz is a usage error; one whose
+// directories are still to be made is fine (the save makes them).
+TEST_F(CliTest, TuneSaveChecksItsTuningFileBeforeAnyWork) {
+  const std::vector<std::string> args = {
+      "tune",   "--shape=4096x4096", "--m=1",         "--config=z12.nw4.ug1.nb1.pipe0.s1",
+      "--save", "--replays=5",       "--launches=16", "--rotate_mb=256"};
+  ASSERT_EQ(mkdir((dir_ + "/adir").c_str(), 0755), 0);
+  gemvz::testing::WriteAll(dir_ + "/plain", "x");
+  gemvz::testing::WriteAll(dir_ + "/newer.json", "{\"version\": 99, \"entries\": []}");
+  const struct {
+    std::string file;  // "": none, with the disk cache disabled
+    std::string message;
+  } cases[] = {
+      {"", "--save: no tuning file to write: the disk cache is disabled"},
+      {dir_ + "/adir",
+       "--save: cannot write the tuning file '" + dir_ + "/adir': it is a directory"},
+      {dir_ + "/plain/sub/tuning.json", "'" + dir_ + "/plain' is not a directory"},
+      {dir_ + "/newer.json", "schema version 99 is newer"},
+  };
+  for (const auto& c : cases) {
+    env_["GEMVZ_TUNING_FILE"] = c.file;  // empty is unset
+    env_["GEMVZ_DISABLE_DISK_CACHE"] = c.file.empty() ? "1" : "0";
+    const Result r = Run(args);
+    EXPECT_EQ(r.rc, 2) << c.file << ": " << r.out << r.err;
+    EXPECT_CONTAINS(r.err, c.message);
+    EXPECT_EQ(r.out, "") << c.file;  // nothing compiled
+  }
+  EXPECT_FALSE(Exists(dir_ + "/plain/sub"));
+  env_["GEMVZ_TUNING_FILE"] = dir_ + "/new/sub/tuning.json";
+  const Result r = Run(args);
+  EXPECT_EQ(r.rc, HasGpu() ? 0 : 1) << r.out << r.err;
+  EXPECT_FALSE(absl::StrContains(r.err, "--save:")) << r.err;
+  EXPECT_EQ(Exists(dir_ + "/new/sub/tuning.json"), HasGpu());
+}
+
 // GEMVZ_FORCE_CONFIG is process-wide: the demo plans it, as Gemv runs it, in each matrix's weight
 // order (on sm_90 4096x8192 is uploaded group-major, 6144x4096 block-major).
 // An output file may not replace another file of the same command line: usage errors, before

@@ -1,8 +1,13 @@
 // `gemvz tune`: try any kernel configuration without rebuilding. Compiles it on first use, checks
 // it against the CPU reference, times it next to the dispatcher's choice; --sweep ranks a whole
 // space; --save writes the winners to the tuning file that the dispatcher reads.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -88,7 +93,7 @@ const std::string& TuneUsage() {
       "                      configuration measured (the dispatcher's own choice included), to\n"
       "                      the tuning file ($GEMVZ_TUNING_FILE, else <cache dir>/tuning.json)\n"
       "                      with gemvz::SaveTunedChoices: later processes use it with no\n"
-      "                      rebuild (default false)\n"
+      "                      rebuild; whether it can be written is checked first (default false)\n"
       "  --json=FILE         write every measurement as JSON (schema gemvz.tune/1, docs/CLI.md)\n"
       "  --arch=sm_XX        compile for this architecture (default: $GEMVZ_ARCH, else the\n"
       "                      GPU's, else sm_90)\n",
@@ -174,6 +179,41 @@ absl::StatusOr<std::vector<KernelConfig>> ReadSpaceFile(const std::string& path)
         absl::StrCat("--space ", path, ": no valid configuration in the file"));
   }
   return configs;
+}
+
+// --save's tuning file, checked before any work: there must be one, SaveTunedChoices must be able
+// to make what is missing of its directories and write beside it (a temporary file and a lock
+// file), and a file already there must be one it reads (a corrupt one it replaces).
+absl::Status CheckTuningFileForSave() {
+  const std::string path = TuningFilePath();
+  if (path.empty()) {
+    return absl::FailedPreconditionError(
+        "--save: no tuning file to write: the disk cache is disabled (GEMVZ_DISABLE_DISK_CACHE) "
+        "and GEMVZ_TUNING_FILE is not set");
+  }
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--save: cannot write the tuning file '", path, "': ", why));
+  };
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return bad("it is a directory");
+  // The nearest of its directories that exists; the others are made at the save.
+  std::string dir = internal::DirName(path);
+  while (::stat(dir.c_str(), &st) != 0) {
+    if ((errno != ENOENT && errno != ENOTDIR) || internal::DirName(dir) == dir) {
+      return bad(absl::StrCat("'", dir, "': ", std::strerror(errno)));
+    }
+    dir = internal::DirName(dir);
+  }
+  if (!S_ISDIR(st.st_mode)) return bad(absl::StrCat("'", dir, "' is not a directory"));
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return bad(absl::StrCat("cannot create files in '", dir, "': ", std::strerror(errno)));
+  }
+  if (absl::StatusOr<std::vector<TunedChoice>> existing = LoadTunedChoices();
+      !existing.ok() && !absl::IsDataLoss(existing.status())) {
+    return bad(std::string(existing.status().message()));
+  }
+  return absl::OkStatus();
 }
 
 std::string Label(const TuneCase& c) {
@@ -402,6 +442,11 @@ int RunTune(const std::vector<std::string>& args) {
                              {"the tuning file that --save writes",
                               absl::GetFlag(FLAGS_save) ? TuningFilePath() : std::string()}})}) {
     if (!st.ok()) return usage_error(std::string(st.message()));
+  }
+  if (absl::GetFlag(FLAGS_save)) {
+    if (absl::Status st = CheckTuningFileForSave(); !st.ok()) {
+      return usage_error(std::string(st.message()));
+    }
   }
   if (absl::GetFlag(FLAGS_top) < 0) {
     return usage_error(absl::StrCat("bad --top=", absl::GetFlag(FLAGS_top),
