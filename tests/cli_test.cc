@@ -470,13 +470,26 @@ TEST_F(CliTest, TuneChecksAConfigurationAtItsChunkOfM) {
     EXPECT_EQ(r.out.find(" is invalid"), std::string::npos) << r.out;
     EXPECT_EQ(r.rc, HasGpu() ? 0 : 1) << r.out << r.err;
   }
-  // The tuning file keys one launch's rows: a winner at m = 48 (two launches) is not saved.
-  if (HasGpu()) {
+  // The tuning file keys one launch's rows: a winner at m = 48 (two launches) is not saved, as
+  // --save says before any work; with no m it can save, that is a usage error.
+  for (const std::string ms : {"48", "8,48"}) {
     const Result save =
-        Run({"tune", "--shape=4096x8192", "--m=48", "--config=z12.nw8.ug1.nb4.pipe3.s1", "--save",
-             "--replays=5", "--launches=16", "--rotate_mb=256"});
-    EXPECT_CONTAINS(save.out, "m = 48 is not saved: it runs as launches of 24 rows");
-    EXPECT_FALSE(Exists(dir_ + "/tuning.json"));
+        Run({"tune", "--shape=4096x8192", "--m=" + ms, "--config=z12.nw8.ug1.nb4.pipe3.s1",
+             "--save", "--replays=5", "--launches=16", "--rotate_mb=256"});
+    const std::string note =
+        "--save: m = 48 is not saved: it runs as launches of 24 rows; tune --m=24 to choose";
+    EXPECT_CONTAINS(save.err, note);
+    EXPECT_LT(save.err.find(note), save.err.find("[tune] compiling")) << save.err;
+    if (ms == "48") {
+      EXPECT_EQ(save.rc, 2) << save.out << save.err;
+      EXPECT_CONTAINS(save.err, "--save: no m asked can be saved");
+      EXPECT_EQ(save.out, "");
+      EXPECT_FALSE(Exists(dir_ + "/tuning.json"));
+    } else {
+      EXPECT_EQ(save.rc, HasGpu() ? 0 : 1) << save.out << save.err;
+      EXPECT_CONTAINS(save.err, "note: " + note);
+      EXPECT_EQ(Exists(dir_ + "/tuning.json"), HasGpu());  // m = 8's winner
+    }
   }
   const Result bad = Run({"tune", "--shape=4096x8192", "--m=48",
                           "--config=z12.nw8.ug2.nb4.pipe3.s16"});

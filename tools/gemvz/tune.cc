@@ -481,6 +481,28 @@ int RunTune(const std::vector<std::string>& args) {
   absl::StatusOr<std::string> arch_or = ArchFromFlag(absl::GetFlag(FLAGS_device));
   if (!arch_or.ok()) return usage_error(std::string(arch_or.status().message()));
   const std::string arch = *arch_or;
+  if (absl::GetFlag(FLAGS_save)) {
+    // The tuning file keys one launch's rows. A winner timed over several launches (m above 32)
+    // is not that launch's winner: a configuration with fewer token blocks runs more launches at
+    // this m than at the key's. So such an m is timed and ranked, not saved; said before the work.
+    std::vector<std::string> unsaved;
+    for (const int64_t m : *ms) {
+      if (const int64_t rows = internal::LaunchRowsFor(m); rows != m) {
+        unsaved.push_back(absl::StrFormat(
+            "m = %d is not saved: it runs as launches of %d rows; tune --m=%d to choose their "
+            "configuration",
+            m, rows, rows));
+      }
+    }
+    const bool none = unsaved.size() == ms->size();
+    for (const std::string& line : unsaved) {
+      std::fprintf(stderr, "gemvz tune: %s--save: %s\n", none ? "" : "note: ", line.c_str());
+    }
+    if (none) {
+      return usage_error(
+          "--save: no m asked can be saved (the tuning file keys one launch's rows, 32 at most)");
+    }
+  }
 
   // The GPU, when there is one, sets the limits, the architecture and the timing.
   const std::string no_gpu = NoGpuReason();
@@ -674,19 +696,8 @@ int RunTune(const std::vector<std::string>& args) {
       }
     }
     if (const Candidate* w = c.Winner()) {
-      // The tuning file keys one launch's rows. A winner timed over several launches (m above
-      // 32) is not that launch's winner: a configuration with fewer token blocks runs more
-      // launches at this m than at the key's. So it is reported, not saved.
-      if (const int64_t rows = internal::LaunchRowsFor(c.m); rows != c.m) {
-        if (absl::GetFlag(FLAGS_save)) {
-          std::printf(
-              "--save: m = %lld is not saved: it runs as launches of %lld rows; "
-              "tune --m=%lld to choose their configuration\n",
-              static_cast<long long>(c.m), static_cast<long long>(rows),
-              static_cast<long long>(rows));
-        }
-        continue;
-      }
+      // Several launches' winner: reported, not saved (--save said so before the work).
+      if (internal::LaunchRowsFor(c.m) != c.m) continue;
       TunedChoice choice;
       choice.arch = session->info().arch;
       choice.device = session->info().name;
