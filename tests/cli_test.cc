@@ -660,6 +660,17 @@ TEST_F(CliTest, TuneSaveChecksItsTuningFileBeforeAnyWork) {
   EXPECT_EQ(Exists(dir_ + "/new/sub/tuning.json"), HasGpu());
 }
 
+// An empty entry of --zero_rows is a usage error, as an empty flag value is, not skipped.
+TEST_F(CliTest, AnEmptyZeroRowsEntryIsAUsageError) {
+  for (const std::string rows : {"5,,6", ",,", "5,", ",5"}) {
+    for (const char* name : {"bench", "tune"}) {
+      const Result r = Run(Args(name, {"--zero_rows=" + rows}));
+      EXPECT_EQ(r.rc, 2) << name << " --zero_rows=" << rows << ": " << r.err;
+      EXPECT_CONTAINS(r.err, "bad --zero_rows entry ''");
+    }
+  }
+}
+
 // GEMVZ_FORCE_CONFIG is process-wide: the demo plans it, as Gemv runs it, in each matrix's weight
 // order (on sm_90 4096x8192 is uploaded group-major, 6144x4096 block-major).
 // An output file may not replace another file of the same command line: usage errors, before

@@ -90,7 +90,10 @@ absl::StatusOr<WorkloadOptions> WorkloadFromFlags(uint64_t seed) {
 }
 
 absl::Status ZeroRowsFromFlag(const std::vector<MatrixShape>& shapes, WorkloadOptions* workload) {
-  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_zero_rows), ',', absl::SkipEmpty())) {
+  const std::string zero_rows = absl::GetFlag(FLAGS_zero_rows);
+  if (zero_rows.empty()) return absl::OkStatus();  // the default: none (an empty value is refused)
+  // An empty entry ("5,,6", ",") is a mistake, as an empty flag value is: not skipped.
+  for (absl::string_view part : absl::StrSplit(zero_rows, ',')) {
     int64_t row = -1;
     if (!absl::SimpleAtoi(part, &row) || row < 0) {
       return absl::InvalidArgumentError(absl::StrCat("bad --zero_rows entry '", part,
