@@ -48,6 +48,14 @@ uint32_t FloatBitsOf(float f) {
   return u;
 }
 
+// Moves the window to `base`, with the tl/th words that hold it.
+void SetWindow(PackedMatrix& p, int base) {
+  const uint32_t b = static_cast<uint32_t>(base);
+  p.base = base;
+  p.tl = b | (b + 1) << 8 | (b + 2) << 16 | (b + 3) << 24;
+  p.th = p.tl + 0x04040404u;
+}
+
 // A structurally valid matrix with random contents: sparse corrections (some weights with two),
 // and a few dense rows; built by hand so these tests do not depend on Pack.
 PackedMatrix RandomValidMatrix(int64_t rows, int64_t cols, uint64_t seed, bool with_tables = true) {
@@ -55,10 +63,7 @@ PackedMatrix RandomValidMatrix(int64_t rows, int64_t cols, uint64_t seed, bool w
   PackedMatrix p;
   p.rows = rows;
   p.cols = cols;
-  p.base = static_cast<int>(rng() % 121);
-  const uint32_t b = static_cast<uint32_t>(p.base);
-  p.tl = b | (b + 1) << 8 | (b + 2) << 16 | (b + 3) << 24;
-  p.th = p.tl + 0x04040404u;
+  SetWindow(p, static_cast<int>(rng() % 121));
   p.weights.resize(rows / 16 * cols / 64 * 1536);
   for (auto& x : p.weights) x = static_cast<uint8_t>(rng());
   p.row_offsets.push_back(0);
@@ -520,8 +525,10 @@ TEST(ValidatePackedTest, CatchesEachBrokenInvariant) {
       {"cols not a multiple of 64", "K % 64", [](PackedMatrix& p) { p.cols = 100; }},
       {"zero rows", "empty", [](PackedMatrix& p) { p.rows = 0; }},
       {"negative cols", "empty", [](PackedMatrix& p) { p.cols = -64; }},
-      {"base too large", "base", [](PackedMatrix& p) { p.base = 121; }},
-      {"base negative", "base", [](PackedMatrix& p) { p.base = -1; }},
+      // With words that hold it: base 121's top e7, 128, needs 8 bits, so Unpack would write
+      // its high bit into the sign.
+      {"base too large", "base 121 outside 0..120", [](PackedMatrix& p) { SetWindow(p, 121); }},
+      {"base negative", "base -1 outside 0..120", [](PackedMatrix& p) { p.base = -1; }},
       {"tl off", "window words", [](PackedMatrix& p) { p.tl ^= 1u << 8; }},
       {"th off", "window words", [](PackedMatrix& p) { p.th += 1; }},
       {"base moved without tl/th", "window words",
@@ -621,10 +628,7 @@ TEST(ValidatePackedTest, CatchesEachBrokenInvariant) {
 TEST(ValidatePackedTest, AcceptsTheEdgeWindows) {
   for (int base : {0, 120}) {
     PackedMatrix p = RandomValidMatrix(16, 64, FreshSeed());
-    p.base = base;
-    const uint32_t b = static_cast<uint32_t>(base);
-    p.tl = b | (b + 1) << 8 | (b + 2) << 16 | (b + 3) << 24;
-    p.th = (b + 4) | (b + 5) << 8 | (b + 6) << 16 | (b + 7) << 24;
+    SetWindow(p, base);
     EXPECT_TRUE(ValidatePacked(p).ok()) << base << ": " << ValidatePacked(p);
   }
 }
