@@ -10,8 +10,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -237,6 +239,23 @@ TEST(SameFileTest, ExistingFilesByInodeFilesToBeWrittenByDirectoryAndName) {
   for (int i = 0; i < 60000; ++i) long_path += "a/";
   EXPECT_TRUE(SameFile(long_path + "x", long_path + "./x"));
   EXPECT_FALSE(SameFile(long_path + "x", long_path + "y"));
+}
+
+// The codes callers see from every file gemvz writes or reads (Save, checkpoints, the JIT cache):
+// a read-only file system is PermissionDenied, something the caller can fix, like EACCES and
+// EPERM, never Internal, which reads as a bug of gemvz.
+TEST(ErrnoStatusTest, MapsErrnoToTheCodeCallersSee) {
+  const std::pair<int, absl::StatusCode> cases[] = {
+      {ENOENT, absl::StatusCode::kNotFound},        {EACCES, absl::StatusCode::kPermissionDenied},
+      {EPERM, absl::StatusCode::kPermissionDenied}, {EROFS, absl::StatusCode::kPermissionDenied},
+      {EIO, absl::StatusCode::kInternal},           {ENOSPC, absl::StatusCode::kInternal},
+  };
+  for (const auto& [err, code] : cases) {
+    errno = err;
+    const absl::Status st = ErrnoStatus("cannot write 'x'");
+    EXPECT_EQ(st.code(), code) << st;
+    EXPECT_EQ(st.message(), std::string("cannot write 'x': ") + std::strerror(err));
+  }
 }
 
 TEST(BaseNameTest, IsWhatFollowsTheLastSlash) {
