@@ -179,6 +179,54 @@ TEST(DiskEntryTest, AFieldLongerThanWhatRemainsIsRefused) {
   }
 }
 
+// Keys are lowercase SHA-256 hex digests. An entry whose key is not one is refused even where no
+// key is expected (cache list and verify), and a file whose name is not one is listed as bad
+// (so that verify names it and clear removes it), whatever it holds.
+TEST(DiskEntryTest, AKeyThatIsNotHexIsRefused) {
+  const CompiledKernel k = RandomKernel(64);
+  for (const std::string& key : {std::string(64, 'g'), std::string(64, 'z'), std::string(64, 'A'),
+                                 k.key.substr(0, 63) + "g", k.key.substr(0, 63), k.key + "0"}) {
+    CompiledKernel bad = k;
+    bad.key = key;
+    absl::StatusOr<CompiledKernel> r = ParseEntry(SerializeEntry(bad), "");
+    ASSERT_FALSE(r.ok()) << key;
+    EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+    EXPECT_NE(std::string(r.status().message()).find("not a 64-digit hex digest"),
+              std::string::npos)
+        << r.status();
+  }
+}
+
+TEST(DiskCacheTest, AFileNamedForAKeyThatIsNotHexIsABadEntry) {
+  TempDir dir;
+  DiskCache cache(dir.path());
+  const CompiledKernel good = RandomKernel(64);
+  ASSERT_TRUE(cache.Write(good).ok());
+  CompiledKernel stray = RandomKernel(64);
+  stray.key = std::string(64, 'g');  // an entry of its own name, but not a digest
+  ASSERT_TRUE(AtomicWriteFile(cache.EntryPath(stray.key), SerializeEntry(stray)).ok());
+  for (const bool verify : {false, true}) {
+    absl::StatusOr<std::vector<DiskEntryInfo>> list = cache.List(verify);
+    ASSERT_TRUE(list.ok()) << list.status();
+    ASSERT_EQ(list->size(), 2u);
+    for (const DiskEntryInfo& e : *list) {
+      if (e.key == good.key) {
+        EXPECT_TRUE(e.status.ok()) << e.status;
+        continue;
+      }
+      EXPECT_EQ(e.key, stray.key);
+      EXPECT_TRUE(absl::IsDataLoss(e.status)) << verify << ": " << e.status;
+      EXPECT_NE(std::string(e.status.message()).find("not <64 hex digits>.gemvzk"),
+                std::string::npos)
+          << verify << ": " << e.status;
+    }
+  }
+  absl::StatusOr<int> cleared = cache.Clear();
+  ASSERT_TRUE(cleared.ok()) << cleared.status();
+  EXPECT_EQ(*cleared, 2);
+  EXPECT_TRUE(jit_test::ListFiles(dir.Join("kernels")).empty());
+}
+
 TEST(DiskCacheTest, WriteThenReadAndTouch) {
   TempDir dir;
   DiskCache cache(dir.path());
