@@ -197,6 +197,24 @@ TEST(DiskEntryTest, AKeyThatIsNotHexIsRefused) {
   }
 }
 
+// An entry is loaded by its cubin and the lowered name of its kernel in it: one written without
+// either (a writer with a bug) is refused, never a hit that fails at load or launch.
+TEST(DiskEntryTest, AnEntryWithoutACubinOrALoweredNameIsRefused) {
+  CompiledKernel k = RandomKernel(64);
+  k.cubin.clear();
+  absl::StatusOr<CompiledKernel> r = ParseEntry(SerializeEntry(k), k.key);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("empty cubin"), std::string::npos) << r.status();
+  k = RandomKernel(64);
+  k.lowered_name.clear();
+  r = ParseEntry(SerializeEntry(k), k.key);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("empty lowered name"), std::string::npos)
+      << r.status();
+}
+
 TEST(DiskCacheTest, AFileNamedForAKeyThatIsNotHexIsABadEntry) {
   TempDir dir;
   DiskCache cache(dir.path());
