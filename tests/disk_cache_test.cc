@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -136,13 +137,20 @@ TEST(DiskEntryTest, SpecificDamageIsNamed) {
   EXPECT_TRUE(ParseEntry(bytes, "").ok());
 }
 
-// Replaces the u64 at `offset` of an entry and recomputes the header's checksum: damage that
-// the checksum cannot see, as a writer with a bug (or a hand-made file) would produce.
-std::string WithU64(std::string entry, size_t offset, uint64_t v) {
-  for (int i = 0; i < 8; ++i) entry[offset + i] = static_cast<char>(v >> (8 * i));
-  const uint32_t crc = Crc32c(entry.data() + 24, entry.size() - 24);
+// `entry` with its header's payload size and checksum made to match the bytes after the header:
+// damage that the checksum cannot see, as a writer with a bug (or a hand-made file) would produce.
+std::string Resealed(std::string entry) {
+  const uint64_t size = entry.size() - 24;
+  for (int i = 0; i < 8; ++i) entry[16 + i] = static_cast<char>(size >> (8 * i));
+  const uint32_t crc = Crc32c(entry.data() + 24, size);
   for (int i = 0; i < 4; ++i) entry[12 + i] = static_cast<char>(crc >> (8 * i));
   return entry;
+}
+
+// Replaces the u64 at `offset` of an entry, resealed.
+std::string WithU64(std::string entry, size_t offset, uint64_t v) {
+  for (int i = 0; i < 8; ++i) entry[offset + i] = static_cast<char>(v >> (8 * i));
+  return Resealed(std::move(entry));
 }
 
 TEST(DiskEntryTest, AFieldLongerThanWhatRemainsIsRefused) {
@@ -192,6 +200,22 @@ TEST(DiskEntryTest, AKeyThatIsNotHexIsRefused) {
     ASSERT_FALSE(r.ok()) << key;
     EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
     EXPECT_NE(std::string(r.status().message()).find("not a 64-digit hex digest"),
+              std::string::npos)
+        << r.status();
+  }
+}
+
+// The fields end the payload: bytes after them, which the header's size and checksum cover (a
+// writer with a bug, or of another layout under the same version), are refused.
+TEST(DiskEntryTest, BytesAfterTheLastFieldAreRefused) {
+  const CompiledKernel k = RandomKernel(64 + Rng()() % 512);
+  const std::string bytes = SerializeEntry(k);
+  ASSERT_TRUE(ParseEntry(Resealed(bytes), k.key).ok());  // the helper is sound
+  for (const std::string& extra : {std::string(1, '\0'), std::string("x"), std::string(8, '\0')}) {
+    absl::StatusOr<CompiledKernel> r = ParseEntry(Resealed(bytes + extra), k.key);
+    ASSERT_FALSE(r.ok()) << extra.size() << " bytes more";
+    EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+    EXPECT_NE(std::string(r.status().message()).find("unexpected bytes after the last field"),
               std::string::npos)
         << r.status();
   }
