@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -218,6 +219,36 @@ TEST(DiskEntryTest, BytesAfterTheLastFieldAreRefused) {
     EXPECT_NE(std::string(r.status().message()).find("unexpected bytes after the last field"),
               std::string::npos)
         << r.status();
+  }
+}
+
+// registers and spill_bytes are -1 in an entry written while ptxas's report was missing (the
+// reader then takes them from the cubin); below -1 or above 2^30, a count is damage.
+TEST(DiskEntryTest, CountsOutOfRangeAreRefused) {
+  using Field = int CompiledKernel::*;
+  const std::pair<const char*, Field> fields[] = {
+      {"registers", &CompiledKernel::registers},
+      {"spill_bytes", &CompiledKernel::spill_bytes},
+      {"shared_bytes", &CompiledKernel::shared_bytes},
+  };
+  for (const auto& [name, field] : fields) {
+    for (const int v : {-1, 0, 1 << 30}) {
+      CompiledKernel k = RandomKernel(64);
+      k.*field = v;
+      absl::StatusOr<CompiledKernel> r = ParseEntry(SerializeEntry(k), k.key);
+      EXPECT_TRUE(r.ok()) << name << " = " << v << ": " << r.status();
+    }
+    for (const int v : {-2, -1000, std::numeric_limits<int>::min(), (1 << 30) + 1}) {
+      CompiledKernel k = RandomKernel(64);
+      k.*field = v;
+      absl::StatusOr<CompiledKernel> r = ParseEntry(SerializeEntry(k), k.key);
+      ASSERT_FALSE(r.ok()) << name << " = " << v;
+      EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+      EXPECT_NE(std::string(r.status().message())
+                    .find(absl::StrCat("field '", name, "' out of range (", v, ")")),
+                std::string::npos)
+          << r.status();
+    }
   }
 }
 
