@@ -99,6 +99,36 @@ TEST(EnvTest, BooleansIntegersAndUnset) {
   }
 }
 
+// Values are read without the whitespace around them (a shell's quoting, a line of an env
+// file), as they are meant, and without a warning.
+TEST(EnvTest, WhitespaceAroundAValueIsIgnored) {
+  constexpr char kName[] = "GEMVZ_JIT_ENV_TEST_SPACES";
+  for (const char* yes : {" yes ", "\ton", "1\n", " \tTRUE \r\n"}) {
+    ScopedEnv v(kName, yes);
+    testing::internal::CaptureStderr();
+    EXPECT_TRUE(GetEnvBool(kName, false)) << "'" << yes << "'";
+    EXPECT_EQ(testing::internal::GetCapturedStderr(), "") << "'" << yes << "'";
+  }
+  for (const char* no : {"\tOFF\n", " no", "0 ", "\n false\t"}) {
+    ScopedEnv v(kName, no);
+    testing::internal::CaptureStderr();
+    EXPECT_FALSE(GetEnvBool(kName, true)) << "'" << no << "'";
+    EXPECT_EQ(testing::internal::GetCapturedStderr(), "") << "'" << no << "'";
+  }
+  {
+    ScopedEnv v(kName, " -42\n");
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(GetEnvInt64(kName, 0), -42);
+    EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  }
+  {
+    ScopedEnv v(kName, "\t64M ");
+    testing::internal::CaptureStderr();
+    EXPECT_EQ(GetEnvBytes(kName, 0), int64_t{64} << 20);
+    EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  }
+}
+
 TEST(EnvTest, HomeDirectory) {
   {
     ScopedEnv home("HOME", "/home/x");
