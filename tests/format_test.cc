@@ -480,6 +480,41 @@ TEST(Format, PackIsExactInEveryRoundingMode) {
   }
 }
 
+// Pack and Unpack run in IEEE arithmetic on the caller's thread too (its range of the work), and
+// give the caller back its own modes for what it computes next: a directed rounding mode and,
+// on x86, flush-to-zero and denormals-are-zero stay as it set them.
+TEST(Format, PackAndUnpackLeaveTheCallersFloatingPointModesAsTheyWere) {
+  // The test's own modes back at the end, whatever fails (on x86, fenv_t holds MXCSR too).
+  struct SavedModes {
+    std::fenv_t env;
+    SavedModes() { std::fegetenv(&env); }
+    ~SavedModes() { std::fesetenv(&env); }
+  } saved;
+  const std::vector<uint16_t> w = RandomMatrix(64, 256, Distribution::kFullRange, FreshSeed());
+  ASSERT_EQ(std::fesetround(FE_UPWARD), 0);
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_setcsr(_mm_getcsr() | 0x8040u);  // FTZ and DAZ on
+#endif
+  auto expect_callers_modes = [](const char* after) {
+    EXPECT_EQ(std::fegetround(), FE_UPWARD) << "rounding mode after " << after;
+#if defined(__x86_64__) || defined(__i386__)
+    EXPECT_EQ(_mm_getcsr() & 0x8040u, 0x8040u) << "FTZ and DAZ after " << after;
+#endif
+  };
+  for (const int threads : {1, 4}) {
+    SCOPED_TRACE(::testing::Message() << threads << " threads");
+    PackOptions options;
+    options.threads = threads;
+    absl::StatusOr<PackedMatrix> packed = Pack(w.data(), 64, 256, options);
+    expect_callers_modes("Pack");
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    absl::StatusOr<std::vector<uint16_t>> back = Unpack(*packed);
+    expect_callers_modes("Unpack");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, w);
+  }
+}
+
 // Unpack sizes its output from rows * cols: an invalid shape is an error, never a throw or a huge
 // allocation.
 TEST(Format, UnpackOfAnInvalidShapeIsAnError) {
