@@ -125,6 +125,29 @@ TEST(Format, WindowMaximisesCoverage) {
   EXPECT_NEAR(p->stats.window_coverage, 0.7, 0.01);
 }
 
+// Two windows that cover as many weights: the first, the lower base, is taken. Half the weights
+// have e7 (the exponent's top 7 bits, the sign aside) 40..47, half 80..87, each e7 as often and
+// either sign; no other window covers as many.
+TEST(Format, ATieBetweenWindowsGoesToTheLowerBase) {
+  const int64_t rows = 16, cols = 256;
+  std::vector<uint16_t> w(rows * cols);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const int e7 = (i % 2 == 0 ? 40 : 80) + static_cast<int>(i / 2 % 8);
+    const uint16_t sign = (i / 16) % 2 == 0 ? 0 : 0x8000;
+    w[i] = static_cast<uint16_t>(sign | e7 << 8 | ((i * 37) & 0xFF));
+  }
+  ExpectRoundTrip(w, rows, cols);
+  auto p = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->base, 40);
+  EXPECT_EQ(p->stats.outside_window, rows * cols / 2);
+  // With the lower half one weight short, the upper window covers more and is taken.
+  w[0] = static_cast<uint16_t>(80 << 8);
+  p = Pack(w.data(), rows, cols);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->base, 80);
+}
+
 // A row is stored dense when more than K/8 of its weights lie outside the window (format.h):
 // with exactly K/8 it keeps its correction entries, with one more it is dense. Every other weight
 // is inside the window at 60; the outside ones are the smallest subnormal, far below it.
