@@ -461,6 +461,21 @@ TEST(Format, RefusesBadInput) {
   EXPECT_FALSE(Unpack(PackedMatrix{}).ok());
 }
 
+// The largest shapes the format takes, 2^31 rows and 2^30 columns (format.h); one 16-row block
+// or 64-column group more is refused, naming the limits.
+TEST(Format, ShapesUpTo2To31RowsAnd2To30ColumnsArePackable) {
+  EXPECT_TRUE(CheckPackableShape(16, int64_t{1} << 30).ok());
+  EXPECT_TRUE(CheckPackableShape(int64_t{1} << 31, 64).ok());
+  EXPECT_TRUE(CheckPackableShape(int64_t{1} << 31, int64_t{1} << 30).ok());
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, (int64_t{1} << 30) + 64},
+                                   {(int64_t{1} << 31) + 16, 64},
+                                   {16, int64_t{1} << 31}}) {
+    const absl::Status s = CheckPackableShape(rows, cols);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << rows << " x " << cols << ": " << s;
+    EXPECT_NE(s.message().find("above 2^31 rows / 2^30 columns"), std::string::npos) << s;
+  }
+}
+
 // With several packing threads each scans its own range of rows for non-finite weights; the
 // error must still name the first one in row-major order, whichever thread found it and whatever
 // the others found. Eight row blocks, a NaN (then an Inf in the same row) in block 2 and a -Inf in

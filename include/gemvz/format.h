@@ -74,7 +74,8 @@ struct PackOptions {
   int threads = 0;  // 0: all hardware threads
 };
 
-// Checks that a [rows, cols] matrix can be packed: rows % 16 == 0, cols % 64 == 0, both positive.
+// Checks that a [rows, cols] matrix can be packed: rows % 16 == 0, cols % 64 == 0, both positive,
+// at most 2^31 rows and 2^30 columns.
 absl::Status CheckPackableShape(int64_t rows, int64_t cols);
 
 // Packs BF16 (raw bits, row-major [rows, cols]). Refuses Inf/NaN, naming the first (row, col).
