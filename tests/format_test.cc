@@ -148,18 +148,22 @@ TEST(Format, ATieBetweenWindowsGoesToTheLowerBase) {
   EXPECT_EQ(p->base, 80);
 }
 
-// A row is stored dense when more than K/8 of its weights lie outside the window (format.h):
-// with exactly K/8 it keeps its correction entries, with one more it is dense. Every other weight
-// is inside the window at 60; the outside ones are the smallest subnormal, far below it.
+// A row is stored dense when more than K/8 of its weights lie outside the window (format.h), as
+// when it has more than kMaxRowEntries entries: at K = 64 the first rule is the tighter. With
+// exactly K/8 it keeps its correction entries, with one more it is dense. Every other weight is
+// inside the window at 60..67; the outside ones are just above it, one entry each, so that only
+// the K/8 rule can make the row dense.
 TEST(Format, ARowIsDenseAboveKOver8WeightsOutsideTheWindow) {
-  const int64_t rows = 32, cols = 256, limit = cols / 8;
+  const int64_t rows = 32, cols = 64, limit = cols / 8;
+  ASSERT_LT(limit + 1, kMaxRowEntries);
   std::vector<uint16_t> w(rows * cols);
   for (size_t i = 0; i < w.size(); ++i) {
     w[i] = static_cast<uint16_t>((60 + i % 8) << 8 | ((i * 37) & 0xFF));
   }
   const int64_t sparse_row = 3, dense_row = 21;  // row blocks 0 and 1
-  for (int64_t j = 0; j < limit; ++j) w[sparse_row * cols + 7 * j + 1] = 0x0001;
-  for (int64_t j = 0; j < limit + 1; ++j) w[dense_row * cols + 7 * j + 2] = 0x0001;
+  const uint16_t above = 68 << 8;
+  for (int64_t j = 0; j < limit; ++j) w[sparse_row * cols + 7 * j + 1] = above;
+  for (int64_t j = 0; j < limit + 1; ++j) w[dense_row * cols + 7 * j + 2] = above;
   ExpectRoundTrip(w, rows, cols);
   auto p = Pack(w.data(), rows, cols);
   ASSERT_TRUE(p.ok()) << p.status();
@@ -168,15 +172,15 @@ TEST(Format, ARowIsDenseAboveKOver8WeightsOutsideTheWindow) {
   EXPECT_EQ(p->stats.dense_rows, 1);
   EXPECT_EQ(p->dense_block_offsets, (std::vector<uint32_t>{0, 0, 1}));
   EXPECT_EQ(p->dense_rows, (std::vector<uint8_t>{static_cast<uint8_t>(dense_row % 16)}));
-  // The sparse row's entries, one or two a weight, and none for any other row.
+  // The sparse row's entries, one a weight, and none for any other row.
   EXPECT_EQ(p->row_offsets[sparse_row], 0u);
-  EXPECT_GE(p->row_offsets[sparse_row + 1], static_cast<uint32_t>(limit));
+  EXPECT_EQ(p->row_offsets[sparse_row + 1], static_cast<uint32_t>(limit));
   EXPECT_EQ(p->row_offsets[sparse_row + 1], p->entries.size());
   EXPECT_EQ(p->stats.sparse_entries, static_cast<int64_t>(p->entries.size()));
 }
 
-// bits, so a second (residual) entry must carry the rest.
 // A weight far below the window: its difference to the decoded value needs more than FP32's 24
+// bits, so a second (residual) entry must carry the rest.
 TEST(Format, ResidualEntry) {
   const int64_t rows = 16, cols = 64;
   std::vector<uint16_t> w(rows * cols, 0x3C00);  // 2^-7 everywhere: window starts at e7 = 60-7
