@@ -157,6 +157,21 @@ TEST(CompilerTest, FailedCompileKeepsTheWholeLog) {
   EXPECT_EQ(msg.back(), '\n') << "the log's last line was cut short: " << msg.substr(log);
 }
 
+// A compile that fails in ptxas (spills made an error): NVRTC's log holds the front end's part
+// and ptxas's, each ended by a NUL. The message keeps ptxas's error line, with no NUL in it
+// (printed with %s it stopped at the first, and the JSON showed \u0000).
+TEST(CompilerTest, APtxasErrorReachesTheMessageWithoutNuls) {
+  const KernelConfig config{WeightFormat::kBf16, 32, 1, 1, 2, 1};  // spills on sm_80
+  absl::StatusOr<CompiledKernel> k = CompileWithNvrtc(
+      RequestForConfig(config, "sm_80"), *SourceSet::Embedded(),
+      CanonicalOptions("sm_80",
+                       {"--ptxas-options=--warn-on-spills", "--ptxas-options=--warning-as-error"}));
+  ASSERT_FALSE(k.ok());
+  const std::string msg(k.status().message());
+  EXPECT_NE(msg.find("ptxas error"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\0'), std::string::npos) << "a NUL kept in the log";
+}
+
 TEST(CompilerTest, MissingIncludeFailsWithoutTouchingTheFileSystem) {
   // Only in-memory headers exist: a file that is not embedded must not be found anywhere.
   CompileRequest request;

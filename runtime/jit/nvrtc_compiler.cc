@@ -55,6 +55,9 @@ std::string ProgramLog(nvrtcProgram prog) {
   std::string log(size, '\0');
   if (nvrtcGetProgramLog(prog, log.data()) != NVRTC_SUCCESS) return "";
   log.resize(size - 1);  // drop the terminating NUL
+  // NVRTC ends each part of the log with a NUL (ptxas's lines after the front end's): as text,
+  // everything after the first would be lost (printf's %s, C strings) or escaped (JSON).
+  log.erase(std::remove(log.begin(), log.end(), '\0'), log.end());
   return log;
 }
 
