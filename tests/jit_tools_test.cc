@@ -260,6 +260,29 @@ TEST_F(ToolTest, CacheShowsNamesEscapedAndRemovesOnlyWhatItMakes) {
   EXPECT_EQ(ListFiles(cache.Join("locks")), std::vector<std::string>{"settings.conf"});
 }
 
+// An invalid entry that verify --cache_remove_bad cannot remove (here a directory with a file in
+// it under an entry's name; no permission does the same to anyone but root) is named on stderr
+// with the reason and counted apart, exit status 1: it was counted as neither, in silence.
+TEST_F(ToolTest, CacheVerifyNamesAnEntryItCouldNotRemove) {
+  TempDir cache;
+  ASSERT_EQ(::mkdir(cache.Join("kernels").c_str(), 0755), 0);
+  const std::string stuck = cache.Join("kernels/" + std::string(64, 'c') + ".gemvzk");
+  ASSERT_EQ(::mkdir(stuck.c_str(), 0755), 0);
+  ASSERT_TRUE(internal::AtomicWriteFile(stuck + "/inside", "x").ok());
+  const std::string junk = cache.Join("kernels/" + std::string(64, 'd') + ".gemvzk");
+  ASSERT_TRUE(internal::AtomicWriteFile(junk, "not an entry").ok());
+  RunResult r = Run("cache verify --cache_remove_bad", cache.path());
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("gemvz cache: could not remove '" + stuck + "': Directory not empty"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.out.find("0 valid, 2 invalid, 1 removed, 1 could not be removed"), std::string::npos)
+      << r.out;
+  struct stat st;
+  EXPECT_EQ(::lstat(stuck.c_str(), &st), 0);
+  EXPECT_NE(::lstat(junk.c_str(), &st), 0) << "the entry it could remove is still there";
+}
+
 TEST_F(ToolTest, UnwritableCacheFailsWarmupWithOneWarning) {
   ASSERT_TRUE(internal::AtomicWriteFile(tmp_.Join("plain"), "x").ok());
   RunResult r = Run("warmup --arch=sm_90 --j=2 bf16.nw4.ug1.nb1.pipe0 z12.nw4.ug1.nb1.pipe0",

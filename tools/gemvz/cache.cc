@@ -2,7 +2,9 @@
 // prune to the size cap, clear, or print where it is.
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <string>
 #include <vector>
@@ -56,7 +58,8 @@ constexpr char kCacheUsage[] =
     "\n"
     "flags:\n"
     "  --json=FILE              list: also write the entries as JSON\n"
-    "  --cache_remove_bad       verify: remove the invalid entries it finds\n"
+    "  --cache_remove_bad       verify: remove the invalid entries it finds; one it cannot\n"
+    "                           remove is named on stderr with the reason (exit status 1)\n"
     "  --cache_max_bytes=SIZE   prune: the cap (bytes, or with K/M/G/T: 512M, 2G); default\n"
     "                           GEMVZ_CACHE_MAX_BYTES, else 1G\n"
     "Each flag is its subcommand's; given to another, it is a usage error (exit 2).\n"
@@ -144,7 +147,7 @@ int Verify(internal::DiskCache& cache) {
   absl::StatusOr<std::vector<internal::DiskEntryInfo>> entries = cache.List(/*verify=*/true);
   if (!entries.ok()) return Fail(std::string(entries.status().message()));
   const bool remove = absl::GetFlag(FLAGS_cache_remove_bad);
-  int bad = 0, removed = 0;
+  int bad = 0, removed = 0, unremoved = 0;
   for (const internal::DiskEntryInfo& e : *entries) {
     if (e.status.ok()) {
       std::printf("ok   %s  %s %s\n", Shown(e.key).c_str(), Shown(e.kernel_name).c_str(),
@@ -165,13 +168,25 @@ int Verify(internal::DiskCache& cache) {
       struct stat there;
       const bool still_bad = !again.ok() && (!absl::IsNotFound(again.status()) ||
                                              ::lstat(e.path.c_str(), &there) == 0);
-      if (still_bad && std::remove(e.path.c_str()) == 0) ++removed;
+      if (!still_bad) continue;
+      // One that cannot be removed (no permission, a directory under an entry's name) is named
+      // with the reason, and the summary counts it apart: never taken for removed.
+      const int err = std::remove(e.path.c_str()) == 0 ? 0 : errno;
+      if (err == 0 || err == ENOENT) {
+        ++removed;
+      } else {
+        ++unremoved;
+        std::fflush(stdout);  // after its BAD line
+        std::fprintf(stderr, "gemvz cache: could not remove '%s': %s\n", Shown(e.path).c_str(),
+                     std::strerror(err));
+      }
     }
   }
-  std::printf("%zu entries checked in %s: %zu valid, %d invalid%s\n", entries->size(),
+  std::printf("%zu entries checked in %s: %zu valid, %d invalid%s%s\n", entries->size(),
               cache.directory().c_str(), entries->size() - bad, bad,
-              remove ? absl::StrCat(", ", removed, " removed").c_str() : "");
-  return bad > 0 ? 1 : 0;
+              remove ? absl::StrCat(", ", removed, " removed").c_str() : "",
+              unremoved > 0 ? absl::StrCat(", ", unremoved, " could not be removed").c_str() : "");
+  return bad > 0 || unremoved > 0 ? 1 : 0;
 }
 
 int Prune(internal::DiskCache& cache) {
