@@ -1195,6 +1195,62 @@ TEST(CheckpointTest, CommandLineRefusesAReportOverAnInputOrAnOutput) {
   }
 }
 
+// Each input is packed to OUT_DIR/<its file name>: two inputs of one name, or an -o that puts an
+// output in an input's place (however -o is spelt), are usage errors (exit 2) that name the
+// paths, before anything is written (the library refused them as failures, exit 1).
+TEST(CheckpointTest, CommandLineRefusesOutputsThatCollideOrReplaceAnInput) {
+  if (ToolPath().empty() || ::access(ToolPath().c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "the gemvz CLI was not built";
+  }
+  char real[PATH_MAX];
+  ASSERT_NE(::realpath(MakeTempDir("checkpoint_test").c_str(), real), nullptr);
+  const std::string dir = real;
+  const std::vector<std::vector<Tensor>> shards = SyntheticShards(FreshSeed());
+  ASSERT_EQ(::mkdir((dir + "/a").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir + "/b").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir + "/sub").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(dir.c_str(), (dir + "/here").c_str()), 0);
+  const std::string ax = dir + "/a/x.safetensors", bx = dir + "/b/x.safetensors";
+  const std::string y = dir + "/y.safetensors";
+  WriteCheckpoint(ax, shards[0]);
+  WriteCheckpoint(bx, shards[1]);
+  WriteCheckpoint(y, shards[0]);
+  const std::string ax_bytes = ReadAll(ax), bx_bytes = ReadAll(bx), y_bytes = ReadAll(y);
+  const struct {
+    std::string args, message, cwd;
+  } cases[] = {
+      {ax + " " + bx + " -o " + dir + "/p1", "the inputs '" + ax + "' and '" + bx +
+                                                 "' would both be packed to '" + dir +
+                                                 "/p1/x.safetensors'"},
+      {"a/x.safetensors " + y + " b/x.safetensors -o p2",
+       "the inputs 'a/x.safetensors' and 'b/x.safetensors' would both be packed to "
+       "'p2/x.safetensors'",
+       dir},
+      {y + " -o " + dir,
+       "'" + dir + "/y.safetensors', where '" + y + "' is packed to, is the input"},
+      {y + " -o " + dir + "/", "where '" + y + "' is packed to, is the input '" + y + "'"},
+      {y + " -o " + dir + "/sub/..", "where '" + y + "' is packed to, is the input '" + y + "'"},
+      {y + " -o " + dir + "/here", "where '" + y + "' is packed to, is the input '" + y + "'"},
+      {ax + " y.safetensors -o .", "where 'y.safetensors' is packed to, is the input", dir},
+      {"x.safetensors -o .", "'./x.safetensors', where 'x.safetensors' is packed to, is the input",
+       dir + "/a"},
+  };
+  std::string out, err;
+  for (const auto& c : cases) {
+    EXPECT_EQ(RunTool("pack " + c.args, &out, &err, dir, c.cwd), 2) << c.args << "\n" << err;
+    EXPECT_NE(err.find(c.message), std::string::npos) << c.args << "\n" << err;
+    EXPECT_EQ(out, "") << c.args;
+  }
+  EXPECT_EQ(ReadAll(ax), ax_bytes);
+  EXPECT_EQ(ReadAll(bx), bx_bytes);
+  EXPECT_EQ(ReadAll(y), y_bytes);
+  for (const char* made : {"/p1", "/p2"}) EXPECT_FALSE(Exists(dir + made)) << made;
+  std::vector<std::string> left = ListDir(dir);
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"a", "b", "here", "stderr.txt", "stdout.txt", "sub",
+                                            "y.safetensors"}));
+}
+
 // File names are bytes, not UTF-8: such an input's --json report is written (with U+FFFD in
 // place of the bad byte), and the command does not abort once its outputs are published.
 TEST(CheckpointTest, CommandLineJsonReportOfANonUtf8FileName) {

@@ -52,7 +52,9 @@ constexpr char kPackUsage[] =
     "another process while mapped (or whose storage fails) raises SIGBUS: the run removes its\n"
     "temporary files (during the publish, which a fault cannot wait for, it leaves the files as\n"
     "they are), says so and ends by that signal. An output name taken by a directory fails the\n"
-    "run before any work.\n"
+    "run before any work. Two inputs of one file name (both would be packed to one output) or\n"
+    "an -o that puts an output in an input's place (it would replace the input) is a usage\n"
+    "error that names the paths, before anything is written.\n"
     "\n"
     "flags:\n"
     "  -o, --o=DIR         output directory (required)\n"
@@ -234,6 +236,32 @@ int RunPack(const std::vector<std::string>& args) {
   if (struct stat st; ::stat(out.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
     std::fprintf(stderr, "gemvz pack: -o %s is not a directory\n", out.c_str());
     return 2;
+  }
+  // Each input is packed to OUT_DIR/<its file name>: two inputs of one name would both be written
+  // to one file, and an output in an input's place would replace it. Usage errors too, said
+  // before anything is opened or written (the library refuses both only as failures, later).
+  std::vector<std::string> outputs;
+  for (const std::string& in : args)
+    outputs.push_back(absl::StrCat(out, "/", internal::BaseName(in)));
+  for (size_t i = 0; i < args.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (internal::SameFile(outputs[i], outputs[j])) {
+        std::fprintf(stderr,
+                     "gemvz pack: the inputs '%s' and '%s' would both be packed to '%s': give "
+                     "inputs of different file names\n",
+                     args[j].c_str(), args[i].c_str(), outputs[i].c_str());
+        return 2;
+      }
+    }
+    for (const std::string& in : args) {
+      if (internal::SameFile(outputs[i], in)) {
+        std::fprintf(stderr,
+                     "gemvz pack: '%s', where '%s' is packed to, is the input '%s': it would be "
+                     "replaced; choose another -o\n",
+                     outputs[i].c_str(), args[i].c_str(), in.c_str());
+        return 2;
+      }
+    }
   }
   // The report may go into -o itself, which the pack creates: there it is checked once it exists.
   const std::string json_path = absl::GetFlag(FLAGS_json);
