@@ -568,6 +568,46 @@ TEST_F(CliTest, TuneSpaceFileSkipsBadLinesAndInvalidConfigurations) {
   EXPECT_TRUE(res["winner"].is_object());
 }
 
+// A space that lists a configuration twice (spelt alike, spelt otherwise, or alike once in the
+// weight order) checks and times it once, where it first comes: each copy was a candidate of its
+// own, timed again and ranked against itself.
+TEST_F(CliTest, TuneSpaceTimesEachConfigurationOnce) {
+  env_["GEMVZ_WEIGHT_ORDER"] = "block";
+  gemvz::testing::WriteAll(dir_ + "/space.txt",
+                           "z12.nw8.ug2.nb1.pipe3.s1\n"
+                           "z12.nw4.ug1.nb1.pipe0\n"
+                           "z12.nw8.ug2.nb1.pipe3         # .s1 is the default\n"
+                           "z12.nw8.ug2.nb1.pipe3.gm.s1   # runs block-major here\n"
+                           "z12.nw8.ug2.nb1.pipe3.s16\n"
+                           "z12.nw8.ug2.nb1.pipe3.s16\n"
+                           "z12.nw4.ug1.nb1.pipe0.s1\n");
+  const Result r = Run({"tune", "--shape=4096x8192", "--m=8", "--space=space.txt",
+                        "--json=" + dir_ + "/tune.json", "--replays=5", "--launches=16",
+                        "--rotate_mb=256", "--top=0"});
+  auto count = [](const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count(r.out, "skipped: configuration z12.nw8.ug2.nb1.pipe3.s16"), 1) << r.out;
+  if (!HasGpu()) {
+    EXPECT_EQ(r.rc, 1) << r.out << r.err;
+    EXPECT_CONTAINS(r.out,
+                    "2 valid configuration(s) compiled or found in the cache for sm_90, 0 failed "
+                    "to compile, 1 invalid");
+    return;
+  }
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  std::ifstream in(dir_ + "/tune.json");
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  ASSERT_EQ(doc["results"].size(), 1u);
+  std::vector<std::string> configs;
+  for (const nlohmann::json& c : doc["results"][0]["candidates"]) configs.push_back(c["config"]);
+  EXPECT_EQ(configs,
+            (std::vector<std::string>{"z12.nw8.ug2.nb1.pipe3.s1", "z12.nw4.ug1.nb1.pipe0.s1",
+                                      "z12.nw8.ug2.nb1.pipe3.s16"}));
+}
+
 // A kernel that fails to compile costs only itself: the others are compiled in parallel with their
 // progress, and the failing one is compiled once, not again with the rest one by one. Spills are
 // errors here, and this bf16 kernel spills on sm_80.

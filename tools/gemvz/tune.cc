@@ -87,7 +87,8 @@ const std::string& TuneUsage() {
       "  --sweep_format=F    the format --sweep explores: z12 or bf16 (default z12); with --sweep\n"
       "                      only\n"
       "  --space=FILE        sweep the configurations listed in FILE instead, one per line;\n"
-      "                      # starts a comment, blank lines are skipped (implies --sweep)\n"
+      "                      # starts a comment, blank lines are skipped (implies --sweep);\n"
+      "                      one listed twice is timed once, where it first comes\n"
       "  --top=N             ranking lines printed per (shape, m); 0 prints all (default 20)\n"
       "  --save              write the winner of each (shape, m, format), the fastest correct\n"
       "                      configuration measured (the dispatcher's own choice included), to\n"
@@ -549,11 +550,16 @@ int RunTune(const std::vector<std::string>& args) {
       } else {
         configs = SweepSpace(gshape, *sweep_format);
       }
-      for (KernelConfig& config : configs) {
+      // Each configuration once, where it first comes: a space may list one twice, spelt alike
+      // or not (.s1 is the default), or twice once in the weight order (with .gm and without).
+      std::vector<KernelConfig> distinct;
+      std::set<std::string> seen;
+      for (const KernelConfig& config : configs) {
         const KernelConfig in_order = internal::InOrder(config, *order);
         reordered = reordered || in_order != config;
-        config = in_order;
+        if (seen.insert(in_order.ToString()).second) distinct.push_back(in_order);
       }
+      configs = std::move(distinct);
       std::map<WeightFormat, TuneCase> by_format;
       for (const KernelConfig& config : configs) {
         TuneCase& c = by_format[config.format];
