@@ -745,6 +745,25 @@ TEST_F(CliTest, AnOutputThatWouldReplaceAnotherFileOfTheCommandIsAUsageError) {
   EXPECT_FALSE(Exists(dir_ + "/r.json"));
 }
 
+// Every --json report written is announced on stdout as "wrote FILE", as bench, tune and warmup
+// say it: cache list and pack wrote theirs in silence.
+TEST_F(CliTest, JsonReportsSayWhereTheyWereWritten) {
+  const Result list = Run({"cache", "list", "--json=list.json"});
+  EXPECT_EQ(list.rc, 0) << list.out << list.err;
+  EXPECT_TRUE(Exists(dir_ + "/list.json"));
+  EXPECT_TRUE(absl::EndsWith(list.out, "\nwrote list.json\n")) << list.out;
+
+  const std::string header = R"({"w":{"dtype":"BF16","shape":[16,64],"data_offsets":[0,2048]}})";
+  std::string file;
+  for (int i = 0; i < 8; ++i) file += static_cast<char>((header.size() >> (8 * i)) & 0xFF);
+  file += header + std::string(2048, '\x3f');
+  gemvz::testing::WriteAll(dir_ + "/in.safetensors", file);
+  const Result pack = Run({"pack", "in.safetensors", "-o", "packed", "--json=pack.json"});
+  EXPECT_EQ(pack.rc, 0) << pack.out << pack.err;
+  EXPECT_TRUE(Exists(dir_ + "/pack.json"));
+  EXPECT_TRUE(absl::EndsWith(pack.out, "\nwrote pack.json\n")) << pack.out;
+}
+
 // Each write prunes the cache to its cap: a cap too small for a warm-up's kernels evicts some of
 // them, and the warm-up, whose job is to leave them all there, fails saying so.
 TEST_F(CliTest, WarmupFailsWhenTheCacheCapCannotHoldItsKernels) {

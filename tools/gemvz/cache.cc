@@ -138,7 +138,7 @@ int List(internal::DiskCache& cache) {
               cache.directory().c_str(),
               bad > 0 ? absl::StrCat(", ", bad, " invalid").c_str() : "");
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
-    if (absl::Status st = WriteJsonFile(path, j); !st.ok()) return Fail(std::string(st.message()));
+    if (!WriteJsonReport("cache", path, j)) return 1;  // "wrote PATH", as the other --json do
   }
   return 0;
 }

@@ -297,11 +297,9 @@ int RunPack(const std::vector<std::string>& args) {
   }
   PrintReport(*report);
   if (!json_path.empty()) {
-    // Atomically, as bench and tune write theirs: an interrupted run leaves no half report.
-    if (absl::Status st = WriteJsonFile(json_path, ReportJson(*report)); !st.ok()) {
-      std::fprintf(stderr, "gemvz pack: %s\n", std::string(st.message()).c_str());
-      return 1;
-    }
+    // Atomically, and saying "wrote PATH", as bench and tune write theirs: an interrupted run
+    // leaves no half report.
+    if (!WriteJsonReport("pack", json_path, ReportJson(*report))) return 1;
   }
   return 0;
 }
