@@ -608,6 +608,24 @@ TEST_F(CliTest, TuneSpaceTimesEachConfigurationOnce) {
                                       "z12.nw8.ug2.nb1.pipe3.s16"}));
 }
 
+// warmup's --configs and tune's --space files may start with a UTF-8 byte order mark, as some
+// editors save them: it is skipped, not read as part of the first configuration.
+TEST_F(CliTest, ConfigurationFilesMayStartWithAByteOrderMark) {
+  gemvz::testing::WriteAll(dir_ + "/bom.txt", "\xEF\xBB\xBFz12.nw4.ug1.nb1.pipe0\n");
+  const Result warmup = Run({"warmup", "--arch=sm_90", "--configs=bom.txt"});
+  EXPECT_EQ(warmup.rc, 0) << warmup.out << warmup.err;
+  EXPECT_CONTAINS(warmup.out, "z12.nw4.ug1.nb1.pipe0");
+  EXPECT_FALSE(absl::StrContains(warmup.err, "bom.txt:1:")) << warmup.err;
+  env_["GEMVZ_WEIGHT_ORDER"] = "block";
+  const Result tune = Run({"tune", "--shape=4096x4096", "--m=1", "--space=bom.txt", "--replays=5",
+                           "--launches=16", "--rotate_mb=256"});
+  EXPECT_FALSE(absl::StrContains(tune.err, "bom.txt:1:")) << tune.err;
+  EXPECT_EQ(tune.rc, HasGpu() ? 0 : 1) << tune.out << tune.err;
+  if (!HasGpu()) {
+    EXPECT_CONTAINS(tune.out, "1 valid configuration(s) compiled or found in the cache");
+  }
+}
+
 // A kernel that fails to compile costs only itself: the others are compiled in parallel with their
 // progress, and the failing one is compiled once, not again with the rest one by one. Spills are
 // errors here, and this bf16 kernel spills on sm_80.

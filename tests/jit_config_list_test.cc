@@ -33,6 +33,24 @@ TEST(ConfigListTest, OneLineRuleForEveryList) {
   EXPECT_EQ(ConfigLineText(" \t "), "");
 }
 
+// A file some editors saved with a UTF-8 byte order mark: skipped at the start (the first line
+// failed to parse), and only there.
+TEST(ConfigListTest, SkipsAByteOrderMarkAtTheStart) {
+  const std::string bom = "\xEF\xBB\xBF";
+  absl::StatusOr<std::vector<KernelConfig>> got =
+      ParseConfigList(bom + "z12.nw8.ug2.nb1.pipe3.s1\nbf16.nw4.ug2.nb1.pipe3\n", "bom.txt");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 2u);
+  EXPECT_EQ((*got)[0].ToString(), "z12.nw8.ug2.nb1.pipe3.s1");
+  got = ParseConfigList(bom + "# a comment first\n" + bom + "z12.nw8.ug2.nb1.pipe3\n", "bom.txt");
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(std::string(got.status().message()).find("bom.txt:2:"), std::string::npos)
+      << got.status();
+  EXPECT_EQ(WithoutUtf8Bom(bom + "x"), "x");
+  EXPECT_EQ(WithoutUtf8Bom("x" + bom), "x" + bom);
+  EXPECT_EQ(WithoutUtf8Bom("\xEF\xBB"), "\xEF\xBB");
+}
+
 TEST(ConfigListTest, ErrorsNameFileAndLine) {
   const int bad_line = 3 + static_cast<int>(jit_test::Rng()() % 5);
   std::string text;

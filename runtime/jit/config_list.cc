@@ -16,11 +16,17 @@ std::string_view ConfigLineText(std::string_view line_in) {
   return std::string_view(line.data(), line.size());
 }
 
+std::string_view WithoutUtf8Bom(std::string_view text) {
+  constexpr std::string_view kBom = "\xEF\xBB\xBF";
+  if (text.substr(0, kBom.size()) == kBom) text.remove_prefix(kBom.size());
+  return text;
+}
+
 absl::StatusOr<std::vector<KernelConfig>> ParseConfigList(std::string_view text,
                                                           std::string_view source_name) {
   std::vector<KernelConfig> out;
   int line_number = 0;
-  const std::string all(text);
+  const std::string all(WithoutUtf8Bom(text));
   for (absl::string_view line : absl::StrSplit(all, '\n')) {
     ++line_number;
     const std::string entry(ConfigLineText(std::string_view(line.data(), line.size())));

@@ -16,7 +16,13 @@ namespace gemvz::internal {
 // --space.
 std::string_view ConfigLineText(std::string_view line);
 
-// Parses `text`; `source_name` (a path, or "<stdin>") prefixes error messages as "name:line: ".
+// `text` without the UTF-8 byte order mark (EF BB BF) that some editors put at the start of a
+// file; else `text` itself. Configuration lists are read through it, so that their first line
+// parses.
+std::string_view WithoutUtf8Bom(std::string_view text);
+
+// Parses `text` (a byte order mark at its start skipped); `source_name` (a path, or "<stdin>")
+// prefixes error messages as "name:line: ".
 absl::StatusOr<std::vector<KernelConfig>> ParseConfigList(std::string_view text,
                                                           std::string_view source_name);
 

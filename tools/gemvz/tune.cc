@@ -163,11 +163,12 @@ absl::StatusOr<std::vector<KernelConfig>> ReadSpaceFile(const std::string& path)
   }
   std::vector<KernelConfig> configs;
   int number = 0;
-  for (absl::string_view line : absl::StrSplit(*content, '\n')) {
+  const std::string_view text = internal::WithoutUtf8Bom(*content);
+  for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
     ++number;
-    const std::string text(internal::ConfigLineText(std::string_view(line.data(), line.size())));
-    if (text.empty()) continue;
-    absl::StatusOr<KernelConfig> config = KernelConfig::Parse(text);
+    const std::string entry(internal::ConfigLineText(std::string_view(line.data(), line.size())));
+    if (entry.empty()) continue;
+    absl::StatusOr<KernelConfig> config = KernelConfig::Parse(entry);
     if (!config.ok()) {
       std::fprintf(stderr, "gemvz tune: %s:%d: skipped: %s\n", path.c_str(), number,
                    std::string(config.status().message()).c_str());
