@@ -516,6 +516,93 @@ TEST(Gemv, DenseRowsWithValues) {
   }
 }
 
+// The rule for widening RB (PlanGemv): the row-block CTAs fit the resident slots but for the
+// dense rows' CTAs before them.
+TEST(Gemv, DenseRowsOverflowRule) {
+  EXPECT_FALSE(internal::DenseRowsOverflow(256, 0, 264));
+  EXPECT_FALSE(internal::DenseRowsOverflow(256, 8, 264));  // 8 free slots, 8 dense rows
+  EXPECT_TRUE(internal::DenseRowsOverflow(256, 9, 264));
+  EXPECT_TRUE(internal::DenseRowsOverflow(264, 1, 264));
+  EXPECT_FALSE(internal::DenseRowsOverflow(265, 9, 264));  // several waves anyway
+  EXPECT_FALSE(internal::DenseRowsOverflow(128, 9, 264));
+}
+
+// Dense rows past the slots the grid leaves free: the dispatcher's kernel for 4096x14336 (on the
+// H200 the tuned one, 2 CTAs an SM: 256 row-block CTAs in 264 slots) with one dense row more than
+// the free slots gets RB doubled, saying so in GemvPlan::adjustment; with as many as the free
+// slots, it stays. Dense rows with values (scaled by 2^12), right against the reference and
+// bitwise the same twice at m = 8 and 16 (BENCHMARKS.md, "A skewed row": +33 % without).
+TEST(Gemv, DenseRowsPastTheFreeSlotsWidenRb) {
+  GEMVZ_REQUIRE_GPU();
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const absl::StatusOr<internal::DeviceInfo> info = internal::GetDeviceInfo(0);
+  ASSERT_TRUE(info.ok()) << info.status();
+  const int64_t n = 4096, k = 14336;
+  const std::vector<uint16_t> plain_w = testing::RandomMatrix(n, k, Distribution::kNormal, seed);
+  int64_t free_slots = -1;
+  {
+    const Problem p = Problem::Make(n, k, plain_w);
+    ASSERT_EQ(p.dm.state()->n_dense, 0);
+    const absl::StatusOr<GemvPlan> plan = PlanGemv(p.dm, 8);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->adjustment, "");
+    const auto kernel = internal::GetKernel(0, plan->config);
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    free_slots = int64_t{kernel->blocks_per_sm} * info->limits.sm_count -
+                 n / 16 / plan->config.rb * plan->config.splits;
+  }
+  if (free_slots < 1 || free_slots > 60) {
+    GTEST_SKIP() << "the dispatcher's grid for 4096x14336 at m = 8 leaves " << free_slots
+                 << " CTA slots free on this GPU; the test needs 1 to 60";
+  }
+  for (const int64_t dense_rows : {free_slots, free_slots + 1}) {
+    SCOPED_TRACE(::testing::Message() << dense_rows << " dense rows");
+    std::vector<uint16_t> w = plain_w;
+    for (int64_t i = 0; i < dense_rows; ++i) {
+      const int64_t row = 7 + i * (n - 8) / dense_rows;
+      for (int64_t col = 0; col < k; ++col) {
+        uint16_t& b = w[row * k + col];
+        if ((b & 0x7F80) != 0) b = static_cast<uint16_t>(b + (12 << 7));  // x 4096, exactly
+      }
+    }
+    const Problem p = Problem::Make(n, k, w);
+    ASSERT_EQ(p.dm.state()->n_dense, dense_rows);
+    for (const int64_t m : {8, 16}) {
+      SCOPED_TRACE(::testing::Message() << "m=" << m);
+      const absl::StatusOr<GemvPlan> plan = PlanGemv(p.dm, m);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      if (m == 8) {
+        if (dense_rows == free_slots) {
+          EXPECT_EQ(plan->adjustment, "");
+        } else {
+          EXPECT_EQ(plan->adjustment,
+                    absl::StrCat("RB ", plan->config.rb, " for ", dense_rows, " dense rows"));
+          EXPECT_GE(plan->config.rb, 2);
+        }
+      }
+      if (!plan->adjustment.empty()) {  // the widened grid leaves the dense rows room
+        const auto kernel = internal::GetKernel(0, plan->config);
+        ASSERT_TRUE(kernel.ok()) << kernel.status();
+        EXPECT_FALSE(
+            internal::DenseRowsOverflow(n / 16 / plan->config.rb * plan->config.splits, dense_rows,
+                                        int64_t{kernel->blocks_per_sm} * info->limits.sm_count));
+      }
+      EXPECT_EQ(p.Check(m, {}, seed + m), "");
+      const auto x = testing::RandomActivations(m, k, seed + 2 * m);
+      DeviceBuffer dx(x.size() * 2), dout(m * n * 2);
+      dx.Upload(x.data(), x.size() * 2);
+      std::vector<uint16_t> first(m * n), again(m * n);
+      for (std::vector<uint16_t>* out : {&first, &again}) {
+        dout.Fill16(kPoison);
+        ASSERT_TRUE(Gemv(p.dm, dx.as<uint16_t>(), m, dout.as<uint16_t>(), nullptr).ok());
+        dout.Download(out->data(), m * n * 2);
+      }
+      EXPECT_EQ(first, again);
+    }
+  }
+}
+
 // FP32 output is the unrounded sum: within FP32 accumulation error of the double reference, and
 // its round-to-nearest-even BF16 is bitwise the BF16 call's output. Both row-block layouts, with
 // and without split-K, and the dispatcher's own choice, on a matrix with dense rows.
