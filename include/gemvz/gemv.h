@@ -145,11 +145,6 @@ struct GemvPlan {
   KernelConfig config;
   std::string source;  // "forced", "env", "tuned", "tuning-file", "heuristic", "autotuned"
   int64_t chunk_m = 0; // activation rows per launch
-  // Empty, or why `config` is not the source's own: "RB 2 for 9 dense rows" where the source's
-  // grid fills the GPU's resident CTA slots but for the dense rows' CTAs, and the same kernel with
-  // twice the row blocks a CTA leaves them room (a row-block CTA that waits for a slot costs the
-  // GEMV its whole life: +33 % on 4096x14336 at m = 8 and 16 with 9 dense rows on an H200).
-  std::string adjustment;
 };
 absl::StatusOr<GemvPlan> PlanGemv(const DeviceMatrix& w, int64_t m,
                                   const GemvOptions& options = {});

@@ -51,10 +51,6 @@ struct DeviceInfo {
 // and the window's lookup words. The call's part (x, out, workspace, M, strides, S, flags) is zero.
 Z12Params Z12MatrixParams(const DeviceMatrixState& s);
 
-// Whether a 12-bit grid of `ctas` row-block CTAs (over all K slices) fits `slots` resident CTAs
-// but for the `n_dense` dense rows' CTAs that come before them (PlanGemv then widens RB).
-bool DenseRowsOverflow(int64_t ctas, int64_t n_dense, int64_t slots);
-
 // Queried once per device.
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int device);
 

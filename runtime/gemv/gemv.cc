@@ -287,39 +287,6 @@ absl::Status ReleaseStreamWorkspace(CUcontext ctx, CUstream stream) {
   return absl::OkStatus();
 }
 
-// Whether a z12 grid of `ctas` row-block CTAs (over all K slices) fits `slots` resident CTAs but
-// for `n_dense` dense rows' CTAs, which come first in the grid: then row-block CTAs wait.
-bool DenseRowsOverflow(int64_t ctas, int64_t n_dense, int64_t slots) {
-  return n_dense > 0 && ctas <= slots && ctas + n_dense > slots;
-}
-
-namespace {
-
-// GemvPlan::adjustment's rule, for a 12-bit matrix with dense rows: where they push the plan's
-// row-block CTAs out of the first wave, the same kernel with twice the row blocks a CTA (RB 1 to
-// 2, 2 to 4), if valid and its grid leaves them room.
-absl::StatusOr<GemvPlan> RoomForDenseRows(GemvPlan plan, const DeviceMatrixState& s,
-                                          const GemvShape& shape, const DeviceInfo& info) {
-  const int64_t row_blocks = shape.n / 16;
-  auto overflows = [&](const KernelConfig& c) -> absl::StatusOr<bool> {
-    ASSIGN_OR_RETURN(const KernelFunction k, GetKernelFunction(s.device, c));
-    return DenseRowsOverflow(row_blocks / c.rb * c.splits, s.n_dense,
-                             int64_t{k.blocks_per_sm} * info.limits.sm_count);
-  };
-  ASSIGN_OR_RETURN(const bool overflow, overflows(plan.config));
-  if (!overflow || plan.config.rb >= 4) return plan;
-  KernelConfig wider = plan.config;
-  wider.rb *= 2;
-  if (!Validate(wider, LaunchShape(shape, wider), info.limits).ok()) return plan;
-  ASSIGN_OR_RETURN(const bool still, overflows(wider));
-  if (still) return plan;
-  plan.adjustment = absl::StrCat("RB ", wider.rb, " for ", s.n_dense, " dense rows");
-  plan.config = wider;
-  return plan;
-}
-
-}  // namespace
-
 absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
                                           const GemvOptions& options, bool allow_autotune) {
   if (!w.valid()) return absl::InvalidArgumentError("Gemv: the DeviceMatrix is empty");
@@ -360,8 +327,6 @@ absl::StatusOr<GemvPlan> PlanGemvInternal(const DeviceMatrix& w, int64_t m,
     // During a capture: what an earlier call tuned, even where no tuning file kept it.
     if (std::optional<GemvPlan> tuned = AutotunedBefore(w, shape, info)) return *tuned;
   }
-  if (s.format == WeightFormat::kZ12 && s.n_dense > 0)
-    return RoomForDenseRows(plan, s, shape, info);
   return plan;
 }
 

@@ -655,8 +655,7 @@ absl::StatusOr<std::vector<BenchCase>> BenchShape(const BenchTools& tools, const
     c.m = m;
     ASSIGN_OR_RETURN(GemvPlan plan, PlanGemv(z0, m));
     c.config = plan.config.ToString();
-    c.config_source =
-        plan.adjustment.empty() ? plan.source : absl::StrCat(plan.source, ", ", plan.adjustment);
+    c.config_source = plan.source;
     c.weight_format = std::string(FormatName(z0.format()));
     c.fallback_reason = z0.fallback_reason();
     ASSIGN_OR_RETURN(GemvPlan plain_plan, PlanGemv((*p)[0], m));
