@@ -1251,6 +1251,40 @@ TEST(CheckpointTest, CommandLineRefusesOutputsThatCollideOrReplaceAnInput) {
                                             "y.safetensors"}));
 }
 
+// Two inputs of different file names do not collide, even where the files already in -o under
+// their names are one file (a link, or a hard link): each output replaces its name by a rename.
+// They were refused as "would both be packed to" one output, exit 2.
+TEST(CheckpointTest, CommandLinePacksInputsWhoseOldOutputsAreLinked) {
+  if (ToolPath().empty() || ::access(ToolPath().c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "the gemvz CLI was not built";
+  }
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::vector<std::vector<Tensor>> shards = SyntheticShards(FreshSeed());
+  const std::string a = dir + "/a.safetensors", b = dir + "/b.safetensors";
+  WriteCheckpoint(a, shards[0]);
+  WriteCheckpoint(b, shards[1]);
+  ASSERT_EQ(::mkdir((dir + "/out").c_str(), 0755), 0);
+  std::string out, err;
+  for (const bool hard : {false, true}) {
+    ::unlink((dir + "/out/a.safetensors").c_str());
+    ::unlink((dir + "/out/b.safetensors").c_str());
+    WriteAll(dir + "/out/a.safetensors", "old");
+    ASSERT_EQ(
+        hard ? ::link((dir + "/out/a.safetensors").c_str(), (dir + "/out/b.safetensors").c_str())
+             : ::symlink("a.safetensors", (dir + "/out/b.safetensors").c_str()),
+        0);
+    EXPECT_EQ(RunTool("pack " + a + " " + b + " -o " + dir + "/out", &out, &err, dir), 0)
+        << hard << "\n"
+        << err;
+    for (const char* name : {"/out/a.safetensors", "/out/b.safetensors"}) {
+      struct stat st;
+      ASSERT_EQ(::lstat((dir + name).c_str(), &st), 0) << name;
+      EXPECT_TRUE(S_ISREG(st.st_mode)) << name;
+      EXPECT_EQ(st.st_nlink, 1u) << name;
+    }
+  }
+}
+
 // File names are bytes, not UTF-8: such an input's --json report is written (with U+FFFD in
 // place of the bad byte), and the command does not abort once its outputs are published.
 TEST(CheckpointTest, CommandLineJsonReportOfANonUtf8FileName) {

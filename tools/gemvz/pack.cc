@@ -240,12 +240,14 @@ int RunPack(const std::vector<std::string>& args) {
   // Each input is packed to OUT_DIR/<its file name>: two inputs of one name would both be written
   // to one file, and an output in an input's place would replace it. Usage errors too, said
   // before anything is opened or written (the library refuses both only as failures, later).
+  // Two outputs collide when their names do, as the library has it: not when files already there
+  // under two names are one (linked), since each is replaced by a rename, not written through.
   std::vector<std::string> outputs;
   for (const std::string& in : args)
     outputs.push_back(absl::StrCat(out, "/", internal::BaseName(in)));
   for (size_t i = 0; i < args.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
-      if (internal::SameFile(outputs[i], outputs[j])) {
+      if (outputs[i] == outputs[j]) {
         std::fprintf(stderr,
                      "gemvz pack: the inputs '%s' and '%s' would both be packed to '%s': give "
                      "inputs of different file names\n",
