@@ -1285,6 +1285,34 @@ TEST(CheckpointTest, CommandLinePacksInputsWhoseOldOutputsAreLinked) {
   }
 }
 
+// An input that is no file (missing, a directory, a name ending in '/') is named as the library
+// opens it, exit 1, as before: it is neither an output that collides nor an input that an output
+// would replace. The checks for those said "it would be replaced" of a missing file, and "would
+// both be packed to 'OUT/'" of two directories, exit 2.
+TEST(CheckpointTest, CommandLineNamesAnInputThatIsNoFileAsBefore) {
+  if (ToolPath().empty() || ::access(ToolPath().c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "the gemvz CLI was not built";
+  }
+  const std::string dir = MakeTempDir("checkpoint_test");
+  ASSERT_EQ(::mkdir((dir + "/d").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir + "/e").c_str(), 0755), 0);
+  const struct {
+    std::string args, message;
+  } cases[] = {
+      {"missing.safetensors -o .",
+       "cannot open safetensors file 'missing.safetensors': No such file or directory"},
+      {"a/x.safetensors b/x.safetensors -o out", "cannot open safetensors file 'a/x.safetensors'"},
+      {"d -o .", "safetensors file 'd': not a regular file"},
+      {"d/ e/ -o out", "safetensors file 'd/': not a regular file"},
+  };
+  std::string out, err;
+  for (const auto& c : cases) {
+    EXPECT_EQ(RunTool("pack " + c.args, &out, &err, dir, dir), 1) << c.args << "\n" << err;
+    EXPECT_NE(err.find(c.message), std::string::npos) << c.args << "\n" << err;
+  }
+  EXPECT_FALSE(Exists(dir + "/out"));
+}
+
 // File names are bytes, not UTF-8: such an input's --json report is written (with U+FFFD in
 // place of the bad byte), and the command does not abort once its outputs are published.
 TEST(CheckpointTest, CommandLineJsonReportOfANonUtf8FileName) {

@@ -242,11 +242,19 @@ int RunPack(const std::vector<std::string>& args) {
   // before anything is opened or written (the library refuses both only as failures, later).
   // Two outputs collide when their names do, as the library has it: not when files already there
   // under two names are one (linked), since each is replaced by a rename, not written through.
+  // An input that is no file (missing, a directory, "x/") is packed to nothing and replaced by
+  // nothing: the library names it as it opens it (exit 1), so it is left out of these checks.
   std::vector<std::string> outputs;
-  for (const std::string& in : args)
+  std::vector<bool> is_file;
+  for (const std::string& in : args) {
     outputs.push_back(absl::StrCat(out, "/", internal::BaseName(in)));
+    struct stat st;
+    is_file.push_back(::stat(in.c_str(), &st) == 0 && S_ISREG(st.st_mode));
+  }
   for (size_t i = 0; i < args.size(); ++i) {
+    if (!is_file[i]) continue;
     for (size_t j = 0; j < i; ++j) {
+      if (!is_file[j]) continue;
       if (outputs[i] == outputs[j]) {
         std::fprintf(stderr,
                      "gemvz pack: the inputs '%s' and '%s' would both be packed to '%s': give "
@@ -255,7 +263,9 @@ int RunPack(const std::vector<std::string>& args) {
         return 2;
       }
     }
-    for (const std::string& in : args) {
+    for (size_t k = 0; k < args.size(); ++k) {
+      const std::string& in = args[k];
+      if (!is_file[k]) continue;
       if (internal::SameFile(outputs[i], in)) {
         std::fprintf(stderr,
                      "gemvz pack: '%s', where '%s' is packed to, is the input '%s': it would be "
