@@ -314,16 +314,33 @@ TEST_F(CliTest, BadArchOutputPathsAndRangesFailBeforeAnyWork) {
       {"tune", "--config=z12.nw8.ug2.nb1.pipe3.s1", "--json=adir"},
       {"warmup", "z12.nw8.ug2.nb1.pipe3", "--json=missing/w.json"},
       {"pack", "in.safetensors", "-o", "out", "--json=adir"},
-      {"cache", "list", "--json=adir"}};
+      {"cache", "list", "--json=adir"},
+      // A FIFO (as /dev/null, which a root process would replace by a regular file) or a link
+      // to one (as /dev/stdout): the report's rename would replace it.
+      {"bench", "--json=afifo"},
+      {"bench", "--plot=afifo"},
+      {"tune", "--config=z12.nw8.ug2.nb1.pipe3.s1", "--json=afifo"},
+      {"warmup", "z12.nw8.ug2.nb1.pipe3", "--json=afifo"},
+      {"pack", "in.safetensors", "-o", "out", "--json=afifo"},
+      {"cache", "list", "--json=afifo"},
+      {"cache", "list", "--json=afifo_link"}};
+  ASSERT_EQ(mkfifo((dir_ + "/afifo").c_str(), 0644), 0);
+  ASSERT_EQ(symlink("afifo", (dir_ + "/afifo_link").c_str()), 0);
   for (const std::vector<std::string>& args : outputs) {
     const Result r = Run(args);
     EXPECT_EQ(r.rc, 2) << absl::StrJoin(args, " ") << ": " << r.err;
     EXPECT_TRUE(absl::StrContains(r.err, "is a directory") ||
-                absl::StrContains(r.err, "its directory 'missing' does not exist"))
+                absl::StrContains(r.err, "its directory 'missing' does not exist") ||
+                absl::StrContains(r.err, "is not a regular file (a device, FIFO or socket)"))
         << r.err;
     EXPECT_FALSE(absl::StrContains(r.out, "compiled")) << r.out;
   }
   EXPECT_FALSE(Exists(dir_ + "/out"));
+  struct stat fifo_info;
+  ASSERT_EQ(lstat((dir_ + "/afifo").c_str(), &fifo_info), 0);
+  EXPECT_TRUE(S_ISFIFO(fifo_info.st_mode)) << "the FIFO was replaced";
+  ASSERT_EQ(lstat((dir_ + "/afifo_link").c_str(), &fifo_info), 0);
+  EXPECT_TRUE(S_ISLNK(fifo_info.st_mode)) << "the link was replaced";
 
   const Result rows = Run({"bench", "--zero_rows=5,99999"});
   EXPECT_EQ(rows.rc, 2) << rows.err;

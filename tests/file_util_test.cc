@@ -188,6 +188,34 @@ TEST(AtomicWriteFileStreamedTest, AProducerThatThrowsLeavesNoTemporaryFile) {
   EXPECT_TRUE(ListDir(dir).empty());
 }
 
+// A FIFO (a device or socket alike: /dev/null under a root process), or a link to one, is not
+// replaced by a regular file: refused before anything is written, left as it was. A regular file
+// and a link to one are published as before.
+TEST(AtomicWriteFileTest, ASpecialFileOrALinkToOneIsRefusedAndKept) {
+  const std::string dir = MakeTempDir("file_util_test");
+  const std::string fifo = dir + "/fifo", link = dir + "/link";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  ASSERT_EQ(::symlink(fifo.c_str(), link.c_str()), 0);
+  for (const std::string& path : {fifo, link}) {
+    const absl::Status st = AtomicWriteFile(path, "report");
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << path << ": " << st;
+    EXPECT_NE(st.message().find("not a regular file"), std::string::npos) << st;
+    EXPECT_NE(st.message().find(path), std::string::npos) << st;
+  }
+  struct stat info;
+  ASSERT_EQ(::lstat(fifo.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISFIFO(info.st_mode));
+  ASSERT_EQ(::lstat(link.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISLNK(info.st_mode));
+  EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"fifo", "link"}));  // no temporary file
+  WriteAll(dir + "/file", "old");
+  ASSERT_EQ(::symlink((dir + "/file").c_str(), (dir + "/filelink").c_str()), 0);
+  EXPECT_TRUE(AtomicWriteFile(dir + "/file", "new").ok());
+  EXPECT_EQ(ReadAll(dir + "/file"), "new");
+  EXPECT_TRUE(AtomicWriteFile(dir + "/filelink", "newer").ok());
+  EXPECT_EQ(ReadAll(dir + "/filelink"), "newer");
+}
+
 // SameFile: what a command checks before an output may replace a file.
 TEST(SameFileTest, ExistingFilesByInodeFilesToBeWrittenByDirectoryAndName) {
   const std::string dir = MakeTempDir("file_util_test");

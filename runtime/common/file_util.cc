@@ -199,6 +199,19 @@ absl::Status AtomicWriteFileStreamed(
     const std::string& path,
     const std::function<absl::Status(const std::function<absl::Status(const void*, size_t)>&)>&
         write) {
+  // The rename would put a regular file in the place of a device, FIFO or socket (/dev/null
+  // replaced under a root process), or of a link to one (/dev/stdout): refused, untouched.
+  for (const bool follow : {false, true}) {
+    struct stat info;
+    if ((follow ? ::stat(path.c_str(), &info) : ::lstat(path.c_str(), &info)) == 0 &&
+        !S_ISREG(info.st_mode) && !S_ISDIR(info.st_mode) && !S_ISLNK(info.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", path, "' is not a regular file (a device, FIFO or socket",
+                       follow ? ", or a link to one" : "",
+                       "): it is published by a rename, which would replace it; give a file's "
+                       "path"));
+    }
+  }
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = SiblingPath(
       path, ".tmp.",

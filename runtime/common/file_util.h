@@ -24,7 +24,9 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
 
 // Publishes `data` under `path` atomically: temporary file in the same directory (unique per
 // process and thread), write, fsync, rename, fsync of the directory. On any failure the
-// temporary file is removed and `path` is untouched.
+// temporary file is removed and `path` is untouched. A `path` that is a device, FIFO or socket,
+// or a link to one, is refused (FailedPrecondition) before anything is written: the rename would
+// replace it.
 absl::Status AtomicWriteFile(const std::string& path, std::string_view data);
 
 // The same for content produced in pieces: `write` is called with a sink that appends bytes.

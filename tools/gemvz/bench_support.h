@@ -214,8 +214,10 @@ inline constexpr const char* kSequenceSchema = "gemvz.sequence/1";
 nlohmann::json BenchReportToJson(const BenchReport& report);
 
 // Whether the file `flag` names (--json=PATH, --plot=PATH) can be written, checked before a
-// command's work so that a bad path does not throw a long run away: not a directory, and a file
-// can be created beside it (a probe file, removed at once). An empty path is fine (not asked for).
+// command's work so that a bad path does not throw a long run away: not a directory, nor a
+// device, FIFO or socket (/dev/null: the rename that publishes the file would replace it), and a
+// file can be created beside it (a probe file, removed at once). An empty path is fine (not asked
+// for).
 absl::Status CheckOutputFile(const char* flag, const std::string& path);
 
 // Whether the file `flag` names is none of a command's other files, each given with what it is
