@@ -169,8 +169,8 @@ int Verify(internal::DiskCache& cache) {
       const bool still_bad = !again.ok() && (!absl::IsNotFound(again.status()) ||
                                              ::lstat(e.path.c_str(), &there) == 0);
       if (!still_bad) continue;
-      // One that cannot be removed (no permission, a directory under an entry's name) is named
-      // with the reason, and the summary counts it apart: never taken for removed.
+      // One that cannot be removed (no permission, a non-empty directory under an entry's name) is
+      // named with the reason, and the summary counts it apart: never taken for removed.
       const int err = std::remove(e.path.c_str()) == 0 ? 0 : errno;
       if (err == 0 || err == ENOENT) {
         ++removed;
