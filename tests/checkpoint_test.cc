@@ -716,6 +716,38 @@ TEST(CheckpointTest, PublishingIsAllOrNothing) {
   EXPECT_TRUE(PackedCheckpoint::Open(out).ok());
 }
 
+// An output name taken by a device, FIFO or socket, or a link to one, is refused before any work,
+// as a directory is: the publish would replace it with a regular file.
+TEST(CheckpointTest, AnOutputNameTakenByASpecialFileFailsBeforeAnyWork) {
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, FreshSeed()));
+  WriteCheckpoint(dir + "/a.safetensors", {{"wa", "BF16", {16, 64}, m, true, ""}});
+  const std::string out = dir + "/out";
+  ASSERT_EQ(::mkdir(out.c_str(), 0755), 0);
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0644), 0);
+  for (const bool link : {false, true}) {
+    const std::string to = out + "/a.safetensors";
+    if (link) {
+      ASSERT_EQ(::symlink((dir + "/fifo").c_str(), to.c_str()), 0);
+    } else {
+      ASSERT_EQ(::mkfifo(to.c_str(), 0644), 0);
+    }
+    CheckpointPackOptions options;
+    int progress_calls = 0;
+    options.progress = [&](const PackProgress&) { ++progress_calls; };
+    absl::StatusOr<CheckpointPackReport> r = PackCheckpoint({dir + "/a.safetensors"}, out, options);
+    ASSERT_FALSE(r.ok()) << (link ? "a link to a FIFO" : "a FIFO") << " was replaced";
+    EXPECT_NE(r.status().message().find("'" + to + "' is not a regular file"), std::string::npos)
+        << r.status();
+    EXPECT_EQ(progress_calls, 0);
+    EXPECT_EQ(ListDir(out), (std::vector<std::string>{"a.safetensors"}));
+    struct stat info;
+    ASSERT_EQ(::lstat(to.c_str(), &info), 0);
+    EXPECT_TRUE(link ? S_ISLNK(info.st_mode) : S_ISFIFO(info.st_mode));
+    ASSERT_EQ(::unlink(to.c_str()), 0);
+  }
+}
+
 // Verify compares every unpacked weight with the input, and a difference fails the pack before
 // anything is published. The output is hard to get wrong on purpose (its parts carry checksums,
 // which fail before any comparison), so the input changes instead: its last weight, rewritten in

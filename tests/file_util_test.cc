@@ -121,6 +121,33 @@ TEST(RenameAllOrNothingTest, TheSameTargetTwiceIsRefused) {
   EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"a.tmp", "b.tmp"}));
 }
 
+// A device, FIFO or socket under a name to publish, or a link to one, would be replaced by the
+// rename (a root process packing into /dev's directory, say): refused before anything moves.
+TEST(RenameAllOrNothingTest, ASpecialFileOrALinkToOneFailsBeforeAnythingMoves) {
+  const std::string dir = MakeTempDir("file_util_test");
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0644), 0);
+  ASSERT_EQ(::symlink((dir + "/fifo").c_str(), (dir + "/link").c_str()), 0);
+  WriteAll(dir + "/a", "old a");
+  WriteAll(dir + "/a.tmp", "new a");
+  WriteAll(dir + "/b.tmp", "new b");
+  for (const std::string name : {"fifo", "link"}) {
+    const std::string to = dir + "/" + name;
+    const absl::Status st =
+        RenameAllOrNothing({{dir + "/a.tmp", dir + "/a"}, {dir + "/b.tmp", to}});
+    ASSERT_FALSE(st.ok()) << name;
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find("'" + to + "'"), std::string::npos) << st;
+    EXPECT_NE(st.message().find("not a regular file"), std::string::npos) << st;
+    EXPECT_EQ(ReadAll(dir + "/a"), "old a");
+    EXPECT_EQ(ListDir(dir), (std::vector<std::string>{"a", "a.tmp", "b.tmp", "fifo", "link"}));
+  }
+  struct stat info;
+  ASSERT_EQ(::lstat((dir + "/fifo").c_str(), &info), 0);
+  EXPECT_TRUE(S_ISFIFO(info.st_mode));
+  ASSERT_EQ(::lstat((dir + "/link").c_str(), &info), 0);
+  EXPECT_TRUE(S_ISLNK(info.st_mode));
+}
+
 // Where link(2) fails (EPERM: a file system without hard links), the old file is renamed aside
 // instead, and its name is empty until the publish ends; a failed publish must rename it back.
 // Unlinking the backup as if it were a second link, as when link(2) works, would lose the only

@@ -292,6 +292,16 @@ absl::Status RenameAllOrNothing(const std::vector<PendingRename>& renames) {
         return absl::FailedPreconditionError(absl::StrCat(
             "cannot publish '", to, "': a directory is in the way (nothing was published)"));
       }
+      // The rename would put a regular file in the place of a device, FIFO or socket, or of a
+      // link to one, as AtomicWriteFileStreamed refuses to.
+      struct stat target;
+      if (::stat(to.c_str(), &target) == 0 && !S_ISREG(target.st_mode) &&
+          !S_ISDIR(target.st_mode)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("cannot publish '", to,
+                         "': it is not a regular file (a device, FIFO or socket, or a link to "
+                         "one), which the rename would replace (nothing was published)"));
+      }
       replaces[i] = true;
     } else if (errno != ENOENT) {
       return ErrnoError("cannot publish: cannot stat", to);

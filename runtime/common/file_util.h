@@ -44,8 +44,9 @@ struct PendingRename {
 // Publishes several files together: on success every `from` is under its `to`; on error every
 // `to` is as it was before the call (a replaced file restored, a new one removed) and the `from`s
 // not yet renamed are left to the caller to remove. A directory in the way fails before anything
-// is touched. Signals that a handler defers (temp_files.h) wait until it returns. Not atomic
-// against a crash or SIGKILL: see the comment in file_util.cc.
+// is touched, and so does a device, FIFO or socket, or a link to one (the rename would replace
+// it). Signals that a handler defers (temp_files.h) wait until it returns. Not atomic against a
+// crash or SIGKILL: see the comment in file_util.cc.
 absl::Status RenameAllOrNothing(const std::vector<PendingRename>& renames);
 
 // A Status for the current errno: "<what>: <strerror>", NotFound / PermissionDenied / Internal.
