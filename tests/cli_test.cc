@@ -643,6 +643,21 @@ TEST_F(CliTest, ConfigurationFilesMayStartWithAByteOrderMark) {
   }
 }
 
+// A configuration list with no end (/dev/zero, an endless pipe on standard input) is refused at
+// 16 MiB, naming what it read, not read until memory runs out (2 GB of address space here).
+TEST_F(CliTest, ConfigurationListsOfNoEndAreRefusedNotReadUntilMemoryRunsOut) {
+  const std::string limit = "ulimit -v 2000000";
+  const Result file = Run({"warmup", "--arch=sm_90", "--configs=/dev/zero"}, limit);
+  EXPECT_EQ(file.rc, 2) << file.out << file.err;
+  EXPECT_CONTAINS(file.err, "'/dev/zero' holds more than 16777216 bytes");
+  const Result in = Run({"warmup", "--arch=sm_90", "--configs=-"}, limit + " && exec < /dev/zero");
+  EXPECT_EQ(in.rc, 2) << in.out << in.err;
+  EXPECT_CONTAINS(in.err, "standard input holds more than 16777216 bytes");
+  const Result tune = Run({"tune", "--shape=4096x4096", "--m=1", "--space=/dev/zero"}, limit);
+  EXPECT_EQ(tune.rc, 2) << tune.out << tune.err;
+  EXPECT_CONTAINS(tune.err, "--space: '/dev/zero' holds more than 16777216 bytes");
+}
+
 // A kernel that fails to compile costs only itself: the others are compiled in parallel with their
 // progress, and the failing one is compiled once, not again with the rest one by one. Spills are
 // errors here, and this bf16 kernel spills on sm_80.

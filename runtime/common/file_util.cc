@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -155,11 +156,13 @@ absl::StatusOr<std::string> ReadAll(int fd, const std::string& path, int64_t max
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
+absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open", path);
   struct stat st;
-  return ReadAll(fd, path, -1, ::fstat(fd, &st) == 0 ? st.st_size : 0);
+  int64_t expected = ::fstat(fd, &st) == 0 ? st.st_size : 0;
+  if (max_bytes >= 0) expected = std::min(expected, max_bytes);  // a huge sparse file: no reserve
+  return ReadAll(fd, path, max_bytes, expected);
 }
 
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {

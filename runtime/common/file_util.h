@@ -13,8 +13,10 @@
 
 namespace gemvz::internal {
 
-// The whole of `path` (a regular file, a pipe, a device: whatever the caller named).
-absl::StatusOr<std::string> ReadFile(const std::string& path);
+// The whole of `path` (a regular file, a pipe, a device: whatever the caller named). With
+// `max_bytes` (not negative), more than that is refused (FailedPrecondition) once read, so that
+// /dev/zero or an endless pipe cannot exhaust the reader.
+absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes = -1);
 
 // The same for files that gemvz itself keeps (cache entries, the tuning file), where anything
 // else found at the path must not hang or exhaust the reader: FailedPrecondition without

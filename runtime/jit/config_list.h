@@ -2,6 +2,7 @@
 // pipe3.s1"), '#' comments and blank lines allowed; errors name the file and the line.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -10,6 +11,11 @@
 #include "gemvz/config.h"
 
 namespace gemvz::internal {
+
+// The most bytes a configuration list (warm-up's --configs, tune's --space) may hold: some
+// 500 000 lines, far more than any sweep, and a bound on what /dev/zero or an endless pipe given
+// as one can take.
+inline constexpr int64_t kMaxConfigListBytes = int64_t{16} << 20;
 
 // A line of a configuration list without its comment ('#' to the end) and surrounding
 // whitespace; empty for a blank or comment line. The rule of warm-up's --configs and tune's

@@ -89,7 +89,8 @@ const std::string& TuneUsage() {
       "  --space=FILE        sweep the configurations listed in FILE instead, one per line;\n"
       "                      # starts a comment, blank lines and a UTF-8 byte order mark at\n"
       "                      the start are skipped (implies --sweep); one listed twice is timed\n"
-      "                      once, where it first comes\n"
+      "                      once, where it first comes; more than 16 MiB (/dev/zero) is a\n"
+      "                      usage error\n"
       "  --top=N             ranking lines printed per (shape, m); 0 prints all (default 20)\n"
       "  --save              write the winner of each (shape, m, format), the fastest correct\n"
       "                      configuration measured (the dispatcher's own choice included), to\n"
@@ -157,7 +158,7 @@ absl::StatusOr<WeightFormat> ParseFormat(const std::string& text) {
 
 // The configurations of a --space file; lines that do not parse are reported and skipped.
 absl::StatusOr<std::vector<KernelConfig>> ReadSpaceFile(const std::string& path) {
-  absl::StatusOr<std::string> content = internal::ReadFile(path);
+  absl::StatusOr<std::string> content = internal::ReadFile(path, internal::kMaxConfigListBytes);
   if (!content.ok()) {
     return absl::Status(content.status().code(),
                         absl::StrCat("--space: ", content.status().message()));

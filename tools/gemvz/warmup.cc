@@ -56,7 +56,7 @@ constexpr char kWarmupUsage[] =
     "                   blank lines and a UTF-8 byte order mark at the start are skipped\n"
     "                   (as in tune's --space); an invalid line stops the run before\n"
     "                   anything is compiled and is named as FILE:LINE. '-' reads standard\n"
-    "                   input.\n"
+    "                   input. More than 16 MiB (/dev/zero) is a usage error.\n"
     "  --all_default    every distinct kernel of the built-in tuned table, of the heuristic\n"
     "                   over the benchmark suite, and every kernel the heuristic's shaped rule\n"
     "                   can pick for other shapes (gemvz::DefaultWarmupConfigs()); this is\n"
@@ -101,9 +101,17 @@ absl::StatusOr<std::vector<KernelConfig>> GatherConfigs(const std::vector<std::s
   if (!file.empty()) {
     std::string text;
     if (file == "-") {
-      text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+      char buf[1 << 16];
+      while (std::cin.read(buf, sizeof(buf)) || std::cin.gcount() > 0) {
+        text.append(buf, static_cast<size_t>(std::cin.gcount()));
+        if (static_cast<int64_t>(text.size()) > internal::kMaxConfigListBytes) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("standard input holds more than ", internal::kMaxConfigListBytes,
+                           " bytes, the most a configuration list may"));
+        }
+      }
     } else {
-      absl::StatusOr<std::string> read = internal::ReadFile(file);
+      absl::StatusOr<std::string> read = internal::ReadFile(file, internal::kMaxConfigListBytes);
       if (!read.ok()) return read.status();
       text = *std::move(read);
     }
