@@ -455,8 +455,7 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
           absl::StrCat("output '", out_path, "' is a directory; nothing was written"));
     }
     // Nor a device, FIFO or socket, or a link to one, which the publish would replace.
-    if (::stat(out_path.c_str(), &out_st) == 0 && !S_ISREG(out_st.st_mode) &&
-        !S_ISDIR(out_st.st_mode)) {
+    if (internal::IsSpecialFile(out_path)) {
       return absl::FailedPreconditionError(
           absl::StrCat("output '", out_path,
                        "' is not a regular file (a device, FIFO or socket, or a link to one), "

@@ -198,22 +198,22 @@ std::string SiblingPath(const std::string& path, std::string_view kind, std::str
   return absl::StrCat(path.substr(0, name_start + std::min(keep, name_size)), suffix);
 }
 
+bool IsSpecialFile(const std::string& path) {
+  struct stat info;  // stat follows links: a FIFO and a link to one alike
+  return ::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISDIR(info.st_mode);
+}
+
 absl::Status AtomicWriteFileStreamed(
     const std::string& path,
     const std::function<absl::Status(const std::function<absl::Status(const void*, size_t)>&)>&
         write) {
   // The rename would put a regular file in the place of a device, FIFO or socket (/dev/null
   // replaced under a root process), or of a link to one (/dev/stdout): refused, untouched.
-  for (const bool follow : {false, true}) {
-    struct stat info;
-    if ((follow ? ::stat(path.c_str(), &info) : ::lstat(path.c_str(), &info)) == 0 &&
-        !S_ISREG(info.st_mode) && !S_ISDIR(info.st_mode) && !S_ISLNK(info.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("'", path, "' is not a regular file (a device, FIFO or socket",
-                       follow ? ", or a link to one" : "",
-                       "): it is published by a rename, which would replace it; give a file's "
-                       "path"));
-    }
+  if (IsSpecialFile(path)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", path,
+                     "' is not a regular file (a device, FIFO or socket, or a link to one): it "
+                     "is published by a rename, which would replace it; give a file's path"));
   }
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = SiblingPath(
@@ -297,9 +297,7 @@ absl::Status RenameAllOrNothing(const std::vector<PendingRename>& renames) {
       }
       // The rename would put a regular file in the place of a device, FIFO or socket, or of a
       // link to one, as AtomicWriteFileStreamed refuses to.
-      struct stat target;
-      if (::stat(to.c_str(), &target) == 0 && !S_ISREG(target.st_mode) &&
-          !S_ISDIR(target.st_mode)) {
+      if (IsSpecialFile(to)) {
         return absl::FailedPreconditionError(
             absl::StrCat("cannot publish '", to,
                          "': it is not a regular file (a device, FIFO or socket, or a link to "

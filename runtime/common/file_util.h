@@ -24,6 +24,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes 
 // than `max_bytes`; NotFound when there is nothing.
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes);
 
+// Whether `path` is a device, FIFO or socket, or a link to one (followed): what a publish by
+// rename must not replace. False for a regular file, a directory, nothing, or a dangling link.
+bool IsSpecialFile(const std::string& path);
+
 // Publishes `data` under `path` atomically: temporary file in the same directory (unique per
 // process and thread), write, fsync, rename, fsync of the directory. On any failure the
 // temporary file is removed and `path` is untouched. A `path` that is a device, FIFO or socket,

@@ -643,7 +643,7 @@ absl::Status CheckOutputFile(const char* flag, const std::string& path) {
   };
   struct stat info;
   if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) return bad("is a directory");
-  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+  if (internal::IsSpecialFile(path)) {
     return bad(
         "is not a regular file (a device, FIFO or socket): the report replaces its file by a "
         "rename; give a file's path");
