@@ -163,9 +163,11 @@ __global__ void __launch_bounds__((NW + 1) * 32, (PIPE == 2   ? 2
     const unsigned short* vals = p.dense_values + static_cast<size_t>(d) * p.K;
     float* part = reinterpret_cast<float*>(&red[0][0]);  // [warps][NB*8]; red is large enough
     const int nwarps = NW + 1;
-    // TF tokens' loads in flight at a time: with NB 1 (m <= 8) one at a time already hides
-    // under the row blocks, and registers are tight (NW 16 kernels hold 56); NB > 1 takes four.
-    constexpr int TF = NB == 1 ? 1 : 4;
+    // TF tokens' loads in flight at a time, four at every NB: one at a time at NB 1 made a
+    // dense CTA at m = 8 take eight passes over K (some 7 us at K = 14336), which a row-block CTA
+    // waiting for its slot pays in full. Four leaves every default kernel's registers and spills
+    // as they were; eight did not (at NB 1 or NB 2).
+    constexpr int TF = 4;
     for (int tok0 = 0; tok0 < M; tok0 += TF) {
       float acc[TF];
 #pragma unroll
