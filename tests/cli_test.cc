@@ -652,10 +652,19 @@ TEST_F(CliTest, ConfigurationListsOfNoEndAreRefusedNotReadUntilMemoryRunsOut) {
   EXPECT_CONTAINS(file.err, "'/dev/zero' holds more than 16777216 bytes");
   const Result in = Run({"warmup", "--arch=sm_90", "--configs=-"}, limit + " && exec < /dev/zero");
   EXPECT_EQ(in.rc, 2) << in.out << in.err;
-  EXPECT_CONTAINS(in.err, "standard input holds more than 16777216 bytes");
+  EXPECT_CONTAINS(in.err, "'<stdin>' holds more than 16777216 bytes");
   const Result tune = Run({"tune", "--shape=4096x4096", "--m=1", "--space=/dev/zero"}, limit);
   EXPECT_EQ(tune.rc, 2) << tune.out << tune.err;
   EXPECT_CONTAINS(tune.err, "--space: '/dev/zero' holds more than 16777216 bytes");
+}
+
+// Standard input that cannot be read (a directory) is named with the reason, not taken for an
+// empty list.
+TEST_F(CliTest, UnreadableStandardInputSaysWhy) {
+  const Result in = Run({"warmup", "--arch=sm_90", "--configs=-"}, "exec < /");
+  EXPECT_EQ(in.rc, 2) << in.out << in.err;
+  EXPECT_CONTAINS(in.err, "cannot read '<stdin>': Is a directory");
+  EXPECT_EQ(in.err.find("no configurations"), std::string::npos) << in.err;
 }
 
 // A kernel that fails to compile costs only itself: the others are compiled in parallel with their

@@ -127,8 +127,8 @@ bool SameFile(const std::string& a, const std::string& b) {
 
 namespace {
 
-// Reads what is left of `fd` (closing it), refusing more than `max_bytes` (negative: no limit);
-// `expected` (the size fstat gave, if any) is reserved up front.
+// Reads what is left of `fd` (leaving it open), refusing more than `max_bytes` (negative: no
+// limit); `expected` (the size fstat gave, if any) is reserved up front.
 absl::StatusOr<std::string> ReadAll(int fd, const std::string& path, int64_t max_bytes,
                                     int64_t expected) {
   std::string out;
@@ -138,18 +138,22 @@ absl::StatusOr<std::string> ReadAll(int fd, const std::string& path, int64_t max
     const ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0) {
       if (errno == EINTR) continue;
-      absl::Status s = ErrnoError("cannot read", path);
-      ::close(fd);
-      return s;
+      return ErrnoError("cannot read", path);
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
     if (max_bytes >= 0 && static_cast<int64_t>(out.size()) > max_bytes) {
-      ::close(fd);
       return absl::FailedPreconditionError(
           absl::StrCat("'", path, "' holds more than ", max_bytes, " bytes, the most it may"));
     }
   }
+  return out;
+}
+
+// ReadAll, then close `fd` whatever the result.
+absl::StatusOr<std::string> ReadAllAndClose(int fd, const std::string& path, int64_t max_bytes,
+                                            int64_t expected) {
+  absl::StatusOr<std::string> out = ReadAll(fd, path, max_bytes, expected);
   ::close(fd);
   return out;
 }
@@ -162,7 +166,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes)
   struct stat st;
   int64_t expected = ::fstat(fd, &st) == 0 ? st.st_size : 0;
   if (max_bytes >= 0) expected = std::min(expected, max_bytes);  // a huge sparse file: no reserve
-  return ReadAll(fd, path, max_bytes, expected);
+  return ReadAllAndClose(fd, path, max_bytes, expected);
+}
+
+absl::StatusOr<std::string> ReadDescriptor(int fd, const std::string& name, int64_t max_bytes) {
+  return ReadAll(fd, name, max_bytes, 0);
 }
 
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes) {
@@ -184,7 +192,7 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
     return absl::FailedPreconditionError(absl::StrCat(
         "'", path, "' is ", st.st_size, " bytes, more than the ", max_bytes, " it may hold"));
   }
-  return ReadAll(fd, path, max_bytes, st.st_size);
+  return ReadAllAndClose(fd, path, max_bytes, st.st_size);
 }
 
 std::string SiblingPath(const std::string& path, std::string_view kind, std::string_view unique) {

@@ -18,6 +18,10 @@ namespace gemvz::internal {
 // /dev/zero or an endless pipe cannot exhaust the reader.
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes = -1);
 
+// The same from an open descriptor (standard input), to its end, named `name` in errors; `fd` is
+// left open.
+absl::StatusOr<std::string> ReadDescriptor(int fd, const std::string& name, int64_t max_bytes);
+
 // The same for files that gemvz itself keeps (cache entries, the tuning file), where anything
 // else found at the path must not hang or exhaust the reader: FailedPrecondition without
 // blocking for what is not a regular file (a FIFO, a device, a directory) and for one of more

@@ -5,9 +5,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <iostream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -99,24 +96,13 @@ absl::StatusOr<std::vector<KernelConfig>> GatherConfigs(const std::vector<std::s
   }
   std::vector<KernelConfig> configs;
   if (!file.empty()) {
-    std::string text;
-    if (file == "-") {
-      char buf[1 << 16];
-      while (std::cin.read(buf, sizeof(buf)) || std::cin.gcount() > 0) {
-        text.append(buf, static_cast<size_t>(std::cin.gcount()));
-        if (static_cast<int64_t>(text.size()) > internal::kMaxConfigListBytes) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("standard input holds more than ", internal::kMaxConfigListBytes,
-                           " bytes, the most a configuration list may"));
-        }
-      }
-    } else {
-      absl::StatusOr<std::string> read = internal::ReadFile(file, internal::kMaxConfigListBytes);
-      if (!read.ok()) return read.status();
-      text = *std::move(read);
-    }
+    absl::StatusOr<std::string> text =
+        file == "-"
+            ? internal::ReadDescriptor(STDIN_FILENO, "<stdin>", internal::kMaxConfigListBytes)
+            : internal::ReadFile(file, internal::kMaxConfigListBytes);
+    if (!text.ok()) return text.status();
     absl::StatusOr<std::vector<KernelConfig>> parsed =
-        internal::ParseConfigList(text, file == "-" ? "<stdin>" : file);
+        internal::ParseConfigList(*text, file == "-" ? "<stdin>" : file);
     if (!parsed.ok()) return parsed.status();
     configs = *std::move(parsed);
     if (configs.empty()) {
