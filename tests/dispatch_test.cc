@@ -320,6 +320,33 @@ TEST_F(TuningFileTest, SaveRejectsInvalidChoicesAndWritesNothing) {
   }
 }
 
+// The file is JSON, whose strings are UTF-8: a device name that is not (Latin-1 bytes, a cut
+// multi-byte character) is refused with a status, never thrown out of the API by the serializer,
+// and the file stays as it was.
+TEST_F(TuningFileTest, SaveRefusesADeviceNameThatIsNotUtf8) {
+  const TunedChoice good{
+      "sm_90", WeightFormat::kZ12, 8, 4096, 8192, KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 1},
+      10.0};
+  ASSERT_TRUE(SaveTunedChoices({good}).ok());
+  const std::string before = ReadAll(path_);
+  for (const char* device : {"GPU \xe9", "NVIDIA \xe2\x82", "\xff"}) {
+    TunedChoice bad = good;
+    bad.device = device;
+    absl::Status st;
+    EXPECT_NO_THROW(st = SaveTunedChoices({bad}));
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << Msg(st);
+    EXPECT_CONTAINS(Msg(st), "is not valid UTF-8");
+    EXPECT_EQ(Msg(st).find('\xe9'), std::string::npos) << "quoted raw: " << Msg(st);
+    EXPECT_EQ(ReadAll(path_), before);
+  }
+  TunedChoice utf8 = good;
+  utf8.device = "GPU \xc3\xa9";  // é, valid UTF-8, round-trips
+  ASSERT_TRUE(SaveTunedChoices({utf8}).ok());
+  absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
+  ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
+  ExpectSameChoices(*loaded, {{KeyOf(good), good}, {KeyOf(utf8), utf8}});
+}
+
 TEST_F(TuningFileTest, ChunkedChoicesAreValidAtTheirChunk) {
   // K = 64 admits one token block only: 16 rows per launch run as two chunks of 8.
   const TunedChoice chunked{

@@ -73,6 +73,13 @@ absl::Status CheckChoice(const TunedChoice& c) {
       return absl::InvalidArgumentError(absl::StrCat("arch '", c.arch, "' is not like sm_90"));
     }
   }
+  // JSON strings are UTF-8: the serializer would throw out of SaveTunedChoices on other bytes.
+  try {
+    (void)Json(c.device).dump();
+  } catch (const Json::exception&) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device '", internal::Escaped(c.device), "' is not valid UTF-8"));
+  }
   if (c.config.format != c.format) {
     return absl::InvalidArgumentError(absl::StrCat("config ", c.config.ToString(),
                                                    " is not of the entry's format ",
@@ -91,8 +98,9 @@ absl::Status CheckChoice(const TunedChoice& c) {
 }
 
 std::string ChoiceName(const TunedChoice& c) {
-  return absl::StrCat(c.arch, c.device.empty() ? "" : absl::StrCat(" (", c.device, ")"), " ",
-                      std::string(FormatName(c.format)), " ", GemvShape{c.m, c.n, c.k}.ToString());
+  return absl::StrCat(
+      c.arch, c.device.empty() ? "" : absl::StrCat(" (", internal::Escaped(c.device), ")"), " ",
+      std::string(FormatName(c.format)), " ", GemvShape{c.m, c.n, c.k}.ToString());
 }
 
 // Parse failures: DataLoss for a corrupt file, FailedPrecondition for a newer schema (which a save
