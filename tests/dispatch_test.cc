@@ -347,6 +347,37 @@ TEST_F(TuningFileTest, SaveRefusesADeviceNameThatIsNotUtf8) {
   ExpectSameChoices(*loaded, {{KeyOf(good), good}, {KeyOf(utf8), utf8}});
 }
 
+// The dispatcher looks entries up by one launch's rows (LaunchRowsFor): m = 40 runs as two
+// launches of 20 and asks for m = 20, so an entry saved at m = 40 would never serve a call. Such
+// an m is refused, naming the m to tune instead, as `gemvz tune --save` refuses it; 32 (one
+// launch) is saved and used.
+TEST_F(TuningFileTest, SaveRefusesAnMAboveOneLaunch) {
+  const TunedChoice good{
+      "sm_90", WeightFormat::kZ12, 8, 4096, 8192, KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 1},
+      10.0};
+  ASSERT_TRUE(SaveTunedChoices({good}).ok());
+  const std::string before = ReadAll(path_);
+  TunedChoice forty = good;
+  forty.m = 40;
+  forty.config = KernelConfig{WeightFormat::kZ12, 8, 2, 3, 3, 1};
+  const absl::Status st = SaveTunedChoices({forty});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << Msg(st);
+  EXPECT_CONTAINS(Msg(st), "cannot save tuned choice 0");
+  EXPECT_CONTAINS(Msg(st), "m = 40 runs as launches of 20 rows");
+  EXPECT_EQ(ReadAll(path_), before);
+
+  TunedChoice one_launch = forty;
+  one_launch.m = 32;
+  one_launch.config.nb = 4;
+  ASSERT_TRUE(SaveTunedChoices({one_launch}).ok());
+  ASSERT_TRUE(internal::ReloadTuningFile().ok());
+  absl::StatusOr<GemvPlan> plan =
+      ChooseConfig(GemvShape{32, 4096, 8192}, WeightFormat::kZ12, "sm_90", 132);
+  ASSERT_TRUE(plan.ok()) << Msg(plan.status());
+  EXPECT_EQ(plan->source, "tuning-file");
+  EXPECT_EQ(plan->config, one_launch.config);
+}
+
 TEST_F(TuningFileTest, ChunkedChoicesAreValidAtTheirChunk) {
   // K = 64 admits one token block only: 16 rows per launch run as two chunks of 8.
   const TunedChoice chunked{

@@ -35,7 +35,8 @@ std::string TuningFilePath();
 // Merges `choices` into the tuning file (replacing entries of the same key), atomically. A 12-bit
 // choice whose weight order (KernelConfig::order) differs from the file's entries for the same
 // (arch, device, n, k) replaces those entries too (a warning says so): a shape's entries share one
-// order.
+// order. A choice's m is one launch's rows (1..32), what the dispatcher looks up; a larger m
+// (which runs in chunks) is refused.
 absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices);
 // The entries of the tuning file (empty when there is none).
 absl::StatusOr<std::vector<TunedChoice>> LoadTunedChoices();

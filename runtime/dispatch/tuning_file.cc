@@ -281,7 +281,15 @@ absl::StatusOr<std::vector<TunedChoice>> LoadTunedChoices() {
 absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices) {
   // Check every choice before anything is touched: a bad one saves nothing.
   for (size_t i = 0; i < choices.size(); ++i) {
-    if (absl::Status st = CheckChoice(choices[i]); !st.ok()) {
+    absl::Status st = CheckChoice(choices[i]);
+    // The dispatcher looks up one launch's rows: an entry for more would never be found.
+    if (const int64_t rows = internal::LaunchRowsFor(choices[i].m);
+        st.ok() && rows != choices[i].m) {
+      st = absl::InvalidArgumentError(absl::StrCat(
+          "m = ", choices[i].m, " runs as launches of ", rows,
+          " rows, which the dispatcher looks up: save the choice for m = ", rows, " instead"));
+    }
+    if (!st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("cannot save tuned choice ", i, " (",
                                                      ChoiceName(choices[i]), "): ", st.message()));
     }
