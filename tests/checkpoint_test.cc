@@ -852,6 +852,64 @@ TEST(CheckpointTest, OpeningChecksVersionsDuplicatesAndExactNames) {
   }
 }
 
+// A checkpoint of more shards than the process may hold open descriptors (ulimit -n, 1024 by
+// default, against models of hundreds of shards and a server opening several) packs and opens:
+// a mapped file needs no descriptor once it is mapped.
+TEST(CheckpointTest, ShardsBeyondTheOpenFileLimitPackAndOpen) {
+  const std::string dir = MakeTempDir("checkpoint_test");
+  ASSERT_EQ(::mkdir((dir + "/in").c_str(), 0755), 0);
+  constexpr int kShards = 48;
+  std::vector<std::string> inputs;
+  std::vector<std::string> weights;
+  for (int i = 0; i < kShards; ++i) {
+    weights.push_back(Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, FreshSeed())));
+    inputs.push_back(absl::StrFormat("%s/in/model-%05d.safetensors", dir, i));
+    WriteCheckpoint(
+        inputs.back(),
+        {{absl::StrCat("w", i), "BF16", {16, 64}, weights.back(), true, ""},
+         {absl::StrCat("n", i), "BF16", {64}, weights.back().substr(0, 128), false, ""}});
+  }
+  // Room for what is open now and a few more, far fewer than the shards.
+  int open_now = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d) != nullptr) ++open_now;
+    ::closedir(d);
+  }
+  if (open_now == 0) GTEST_SKIP() << "no /proc/self/fd to count open descriptors";
+  struct rlimit old_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old_limit), 0);
+  struct rlimit low = old_limit;
+  low.rlim_cur = static_cast<rlim_t>(open_now + 16);
+  if (low.rlim_cur >= old_limit.rlim_cur) GTEST_SKIP() << "the open file limit is already low";
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  struct Restore {
+    struct rlimit limit;
+    ~Restore() { ::setrlimit(RLIMIT_NOFILE, &limit); }
+  } restore{old_limit};
+
+  CheckpointPackOptions options;
+  options.threads = 1;
+  options.verify = true;
+  absl::StatusOr<CheckpointPackReport> report = PackCheckpoint(inputs, dir + "/out", options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->packed_tensors, kShards);
+  for (const std::string& source : {dir + "/in", dir + "/out"}) {
+    SCOPED_TRACE(source);
+    absl::StatusOr<PackedCheckpoint> c = PackedCheckpoint::Open(source);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_EQ(c->tensors().size(), 2u * kShards);
+    for (int i = 0; i < kShards; ++i) {
+      absl::StatusOr<std::vector<uint16_t>> w = c->GetBf16(absl::StrCat("w", i));
+      ASSERT_TRUE(w.ok()) << w.status();
+      EXPECT_EQ(Bf16Bytes(*w), weights[i]) << i;
+      absl::StatusOr<TensorView> n = c->GetRaw(absl::StrCat("n", i));
+      ASSERT_TRUE(n.ok()) << n.status();
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(n->data), n->size),
+                weights[i].substr(0, 128));
+    }
+  }
+}
+
 TEST(CheckpointTest, CorruptPackedFilesAreCaught) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);

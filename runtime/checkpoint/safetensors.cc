@@ -158,6 +158,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   void* map = ::mmap(nullptr, f->file_size_, PROT_READ, MAP_PRIVATE, f->fd_, 0);
   if (map == MAP_FAILED) return ErrnoStatus(absl::StrCat("cannot map ", where));
   f->base_ = static_cast<const uint8_t*>(map);
+  // The mapping keeps the file: a descriptor held per file would run a checkpoint of more shards
+  // than the open file limit (ulimit -n) out of them.
+  ::close(f->fd_);
+  f->fd_ = -1;
 
   // The JSON header. First checked without building it (json_check.h): nesting, and no repeated
   // key, which the parser would resolve silently (last one wins). A NUL would end the parser's
