@@ -115,6 +115,11 @@ class Driver {
                           SafetensorsWriter& writer, TensorPackReport& r);
   absl::Status CopyTensor(const SafetensorsFile& in, const SafetensorsEntry& e,
                           SafetensorsWriter& writer, const std::string& stage_name);
+  // A kept tensor: copied now, or left for WriteLast when its size would unalign what follows.
+  absl::Status KeepTensor(const SafetensorsFile& in, const SafetensorsEntry& e,
+                          SafetensorsWriter& writer);
+  // Writes what was left for the end of the file (internal::WritesLast), largest elements first.
+  absl::Status WriteLast(const SafetensorsFile& in, SafetensorsWriter& writer);
   // `*verifying` is the tensor being compared, for a caller that reports running out of memory.
   absl::Status Verify(const SafetensorsFile& in, const std::vector<TensorPlan>& plans,
                       const std::string& temp_path, size_t first_report,
@@ -124,7 +129,46 @@ class Driver {
   CheckpointPackReport& report_;
   int64_t bytes_done_ = 0, tensors_done_ = 0;
   std::map<std::string, std::string> output_names_;  // every output tensor name -> its input
+  // The current file's tensors that WritesLast: packed parts (their bytes) and kept tensors.
+  std::vector<internal::DeferredPart> later_parts_;
+  std::vector<const SafetensorsEntry*> later_kept_;
 };
+
+absl::Status Driver::KeepTensor(const SafetensorsFile& in, const SafetensorsEntry& e,
+                                SafetensorsWriter& writer) {
+  if (internal::WritesLast(e.end - e.begin)) {
+    later_kept_.push_back(&e);
+    return absl::OkStatus();
+  }
+  return CopyTensor(in, e, writer, "copy");
+}
+
+absl::Status Driver::WriteLast(const SafetensorsFile& in, SafetensorsWriter& writer) {
+  struct Later {
+    int element_size;
+    const internal::DeferredPart* part;  // a packed part, or
+    const SafetensorsEntry* kept;        // a kept tensor of the input
+  };
+  std::vector<Later> all;
+  for (const internal::DeferredPart& p : later_parts_) all.push_back({p.element_size, &p, nullptr});
+  for (const SafetensorsEntry* e : later_kept_) {
+    ASSIGN_OR_RETURN(const int element_size, internal::SafetensorsDtypeSize(e->dtype));
+    all.push_back({element_size, nullptr, e});
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const Later& a, const Later& b) { return a.element_size > b.element_size; });
+  for (const Later& l : all) {
+    if (l.part != nullptr) {
+      RETURN_IF_ERROR(writer.AddTensor(l.part->name, l.part->dtype, l.part->shape,
+                                       l.part->bytes.data(), l.part->bytes.size()));
+    } else {
+      RETURN_IF_ERROR(CopyTensor(in, *l.kept, writer, "copy"));
+    }
+  }
+  later_parts_.clear();
+  later_kept_.clear();
+  return absl::OkStatus();
+}
 
 absl::Status Driver::CopyTensor(const SafetensorsFile& in, const SafetensorsEntry& e,
                                 SafetensorsWriter& writer, const std::string& stage) {
@@ -182,17 +226,22 @@ absl::Status Driver::PackTensor(const SafetensorsFile& in, const TensorPlan& pla
     r.packed = false;
     r.skip_reason = absl::StrCat("non-finite: ", what);
     in.Release(e.begin, e.end - e.begin);
-    return CopyTensor(in, e, writer, "copy");
+    return KeepTensor(in, e, writer);
   }
   in.Release(e.begin, e.end - e.begin);
   const uint64_t before = writer.bytes_written();
+  const size_t first_later = later_parts_.size();
   ASSIGN_OR_RETURN(const internal::PackedTensorMeta meta,
-                   internal::WritePackedTensor(writer, e.name, *packed));
+                   internal::WritePackedTensor(writer, e.name, *packed, later_parts_));
+  uint64_t later_bytes = 0;
+  for (size_t i = first_later; i < later_parts_.size(); ++i) {
+    later_bytes += later_parts_[i].bytes.size();
+  }
   writer.SetMetadata(absl::StrCat(internal::kMetaTensorPrefix, e.name),
                      internal::EncodePackedTensorMeta(meta));
   r.packed = true;
   r.stats = packed->stats;
-  r.output_bytes = static_cast<int64_t>(writer.bytes_written() - before);
+  r.output_bytes = static_cast<int64_t>(writer.bytes_written() - before + later_bytes);
   bytes_done_ += static_cast<int64_t>(e.end - e.begin);
   return absl::OkStatus();
 }
@@ -359,9 +408,7 @@ absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_
       RETURN_IF_ERROR(packed);
     } else {
       r.skip_reason = p.reason;
-      const uint64_t before = writer->bytes_written();
-      RETURN_IF_ERROR(CopyTensor(in, e, *writer, "copy"));
-      r.output_bytes = static_cast<int64_t>(writer->bytes_written() - before);
+      RETURN_IF_ERROR(KeepTensor(in, e, *writer));
     }
     if (!r.packed && r.output_bytes == 0) r.output_bytes = r.input_bytes;
     r.seconds = Now() - t0;
@@ -369,6 +416,7 @@ absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_
     report_.tensors.push_back(std::move(r));
     Progress("", "");
   }
+  RETURN_IF_ERROR(WriteLast(in, *writer));
   for (const auto& [k, v] : in.metadata()) writer->SetMetadata(k, v);
   writer->SetMetadata(internal::kMetaFormatKey, internal::kMetaFormatValue);
   writer->SetMetadata(internal::kMetaVersionKey, std::to_string(kCheckpointFormatVersion));

@@ -224,8 +224,8 @@ std::string PlaceholderPackedMeta(int64_t rows, int64_t cols) {
 }
 
 absl::StatusOr<PackedTensorMeta> WritePackedTensor(SafetensorsWriter& writer,
-                                                   const std::string& tensor,
-                                                   const PackedMatrix& p) {
+                                                   const std::string& tensor, const PackedMatrix& p,
+                                                   std::vector<DeferredPart>& later) {
   PackedTensorMeta m;
   m.rows = p.rows;
   m.cols = p.cols;
@@ -238,6 +238,13 @@ absl::StatusOr<PackedTensorMeta> WritePackedTensor(SafetensorsWriter& writer,
                                  static_cast<int64_t>(p.dense_rows.size()));
   for (int i = 0; i < kPackedParts; ++i) {
     m.crc[i] = Crc32c(parts[i].data, parts[i].size);
+    if (WritesLast(parts[i].size)) {
+      ASSIGN_OR_RETURN(const int element_size, SafetensorsDtypeSize(kPackedPartSpecs[i].dtype));
+      later.push_back({PackedPartName(tensor, i), kPackedPartSpecs[i].dtype, shapes[i],
+                       element_size,
+                       std::string(static_cast<const char*>(parts[i].data), parts[i].size)});
+      continue;
+    }
     RETURN_IF_ERROR(writer.AddTensor(PackedPartName(tensor, i), kPackedPartSpecs[i].dtype,
                                      shapes[i], parts[i].data, parts[i].size));
   }

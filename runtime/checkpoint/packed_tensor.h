@@ -55,11 +55,29 @@ std::vector<SafetensorsEntry> PlaceholderPackedEntries(const std::string& tensor
                                                        int64_t cols);
 std::string PlaceholderPackedMeta(int64_t rows, int64_t cols);
 
+// Whether a tensor of `bytes` bytes is written after every tensor whose size is a multiple of 8,
+// those last in order of element size, largest first: written in place it would leave the tensors
+// after it off their alignment (a U8 part of odd length before a BF16 or F32 one). So every
+// tensor of a file gemvz writes starts at a multiple of its element size, as the reference
+// writer's files do (it sorts by dtype).
+inline bool WritesLast(uint64_t bytes) { return bytes % 8 != 0; }
+
+// A part left for the end of the file (WritesLast), with its own copy of the bytes.
+struct DeferredPart {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  int element_size = 1;
+  std::string bytes;
+};
+
 // Writes the six parts of `packed` and returns its metadata (CRCs included); the caller stores it
-// under kMetaTensorPrefix + name.
+// under kMetaTensorPrefix + name. Parts that WritesLast are appended to `later` for the caller to
+// write after the file's other tensors.
 absl::StatusOr<PackedTensorMeta> WritePackedTensor(SafetensorsWriter& writer,
                                                    const std::string& tensor,
-                                                   const PackedMatrix& packed);
+                                                   const PackedMatrix& packed,
+                                                   std::vector<DeferredPart>& later);
 
 // Checks that the six parts exist with the dtypes and shapes `meta` implies (no data is read).
 absl::Status CheckPackedParts(const SafetensorsFile& file, const std::string& tensor,
