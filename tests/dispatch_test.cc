@@ -310,6 +310,8 @@ TEST_F(TuningFileTest, SaveRejectsInvalidChoicesAndWritesNothing) {
   add([](TunedChoice& c) { c.time_us = -1; }, "time_us must be a finite number >= 0");
   add([](TunedChoice& c) { c.arch = ""; }, "arch is empty");
   add([](TunedChoice& c) { c.arch = "sm 90\n"; }, "is not like sm_90");
+  // Quoted escaped: a control byte would break the message's line, or move the terminal's cursor.
+  add([](TunedChoice& c) { c.arch = "sm_90\n\x1b[2J"; }, "arch 'sm_90\\n\\x1b[2J' is not like");
   for (const Case& c : cases) {
     // The bad choice travels with good ones: all or nothing.
     const absl::Status st = SaveTunedChoices({RandomChoice(rng_), c.choice});

@@ -70,7 +70,8 @@ absl::Status CheckChoice(const TunedChoice& c) {
   if (c.arch.empty()) return absl::InvalidArgumentError("arch is empty");
   for (char ch : c.arch) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '_') {
-      return absl::InvalidArgumentError(absl::StrCat("arch '", c.arch, "' is not like sm_90"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("arch '", internal::Escaped(c.arch), "' is not like sm_90"));
     }
   }
   // JSON strings are UTF-8: the serializer would throw out of SaveTunedChoices on other bytes.
