@@ -181,6 +181,24 @@ class TuningFileTest : public ::testing::Test {
 
   absl::StatusOr<std::vector<TunedChoice>> Load() { return LoadTunedChoices(); }
 
+  // A valid z12 choice for 4096x8192 at m = 8, saved as the file's one entry: what the tests of
+  // refused choices start from, to show that a refused save leaves the file as it was.
+  TunedChoice SaveAGoodChoice() {
+    const TunedChoice good{
+        "sm_90", WeightFormat::kZ12, 8, 4096, 8192, KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 1},
+        10.0};
+    EXPECT_TRUE(SaveTunedChoices({good}).ok());
+    return good;
+  }
+
+  // The plan for `shape` (sm_90, 132 SMs) once the file is read again; expected from the file.
+  absl::StatusOr<GemvPlan> PlanFromTheFile(const GemvShape& shape) {
+    if (absl::Status st = internal::ReloadTuningFile(); !st.ok()) return st;
+    absl::StatusOr<GemvPlan> plan = ChooseConfig(shape, WeightFormat::kZ12, "sm_90", 132);
+    if (plan.ok()) EXPECT_EQ(plan->source, "tuning-file");
+    return plan;
+  }
+
   TempDir tmp_;
   std::string path_;
   std::optional<ScopedEnv> env_;
@@ -278,10 +296,7 @@ TEST_F(TuningFileTest, FileFollowsTheDocumentedSchema) {
 }
 
 TEST_F(TuningFileTest, SaveRejectsInvalidChoicesAndWritesNothing) {
-  const TunedChoice good{
-      "sm_90", WeightFormat::kZ12, 8, 4096, 8192, KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 1},
-      10.0};
-  ASSERT_TRUE(SaveTunedChoices({good}).ok());
+  const TunedChoice good = SaveAGoodChoice();
   const std::string before = ReadAll(path_);
   struct Case {
     TunedChoice choice;
@@ -326,10 +341,7 @@ TEST_F(TuningFileTest, SaveRejectsInvalidChoicesAndWritesNothing) {
 // multi-byte character) is refused with a status, never thrown out of the API by the serializer,
 // and the file stays as it was.
 TEST_F(TuningFileTest, SaveRefusesADeviceNameThatIsNotUtf8) {
-  const TunedChoice good{
-      "sm_90", WeightFormat::kZ12, 8, 4096, 8192, KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 1},
-      10.0};
-  ASSERT_TRUE(SaveTunedChoices({good}).ok());
+  const TunedChoice good = SaveAGoodChoice();
   const std::string before = ReadAll(path_);
   for (const char* device : {"GPU \xe9", "NVIDIA \xe2\x82", "\xff"}) {
     TunedChoice bad = good;
@@ -354,10 +366,7 @@ TEST_F(TuningFileTest, SaveRefusesADeviceNameThatIsNotUtf8) {
 // an m is refused, naming the m to tune instead, as `gemvz tune --save` refuses it; 32 (one
 // launch) is saved and used.
 TEST_F(TuningFileTest, SaveRefusesAnMAboveOneLaunch) {
-  const TunedChoice good{
-      "sm_90", WeightFormat::kZ12, 8, 4096, 8192, KernelConfig{WeightFormat::kZ12, 8, 2, 1, 3, 1},
-      10.0};
-  ASSERT_TRUE(SaveTunedChoices({good}).ok());
+  const TunedChoice good = SaveAGoodChoice();
   const std::string before = ReadAll(path_);
   TunedChoice forty = good;
   forty.m = 40;
@@ -372,11 +381,8 @@ TEST_F(TuningFileTest, SaveRefusesAnMAboveOneLaunch) {
   one_launch.m = 32;
   one_launch.config.nb = 4;
   ASSERT_TRUE(SaveTunedChoices({one_launch}).ok());
-  ASSERT_TRUE(internal::ReloadTuningFile().ok());
-  absl::StatusOr<GemvPlan> plan =
-      ChooseConfig(GemvShape{32, 4096, 8192}, WeightFormat::kZ12, "sm_90", 132);
+  absl::StatusOr<GemvPlan> plan = PlanFromTheFile(GemvShape{32, 4096, 8192});
   ASSERT_TRUE(plan.ok()) << Msg(plan.status());
-  EXPECT_EQ(plan->source, "tuning-file");
   EXPECT_EQ(plan->config, one_launch.config);
 }
 
@@ -389,11 +395,8 @@ TEST_F(TuningFileTest, ChunkedChoicesAreValidAtTheirChunk) {
   absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
   ASSERT_TRUE(loaded.ok()) << Msg(loaded.status());
   ExpectSameChoices(*loaded, {{KeyOf(chunked), chunked}});
-  ASSERT_TRUE(internal::ReloadTuningFile().ok());
-  absl::StatusOr<GemvPlan> plan =
-      ChooseConfig(GemvShape{16, 4096, 64}, WeightFormat::kZ12, "sm_90", 132);
+  absl::StatusOr<GemvPlan> plan = PlanFromTheFile(GemvShape{16, 4096, 64});
   ASSERT_TRUE(plan.ok()) << Msg(plan.status());
-  EXPECT_EQ(plan->source, "tuning-file");
   EXPECT_EQ(plan->config, chunked.config);
   EXPECT_EQ(plan->chunk_m, 8);
 }
