@@ -333,6 +333,8 @@ TEST_F(TuningFileTest, SaveRejectsInvalidChoicesAndWritesNothing) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.message;
     EXPECT_CONTAINS(Msg(st), c.message);
     EXPECT_CONTAINS(Msg(st), "cannot save tuned choice 1");
+    // The whole message, the choice's name before the reason included, holds no raw control byte.
+    EXPECT_EQ(Msg(st).find_first_of("\n\x1b"), std::string::npos) << Msg(st);
     EXPECT_EQ(ReadAll(path_), before) << c.message;
   }
 }

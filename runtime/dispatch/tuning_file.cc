@@ -99,9 +99,11 @@ absl::Status CheckChoice(const TunedChoice& c) {
 }
 
 std::string ChoiceName(const TunedChoice& c) {
-  return absl::StrCat(
-      c.arch, c.device.empty() ? "" : absl::StrCat(" (", internal::Escaped(c.device), ")"), " ",
-      std::string(FormatName(c.format)), " ", GemvShape{c.m, c.n, c.k}.ToString());
+  // Both escaped: a bad arch or device reaches here, in the message refusing it.
+  return absl::StrCat(internal::Escaped(c.arch),
+                      c.device.empty() ? "" : absl::StrCat(" (", internal::Escaped(c.device), ")"),
+                      " ", std::string(FormatName(c.format)), " ",
+                      GemvShape{c.m, c.n, c.k}.ToString());
 }
 
 // Parse failures: DataLoss for a corrupt file, FailedPrecondition for a newer schema (which a save
