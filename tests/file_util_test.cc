@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -343,6 +345,28 @@ TEST(ReadRegularFileTest, RefusesWhatIsNotARegularFileWithoutBlocking) {
   }
   // ReadFile still reads what a user names, a pipe included.
   EXPECT_EQ(*ReadFile("/dev/null"), "");
+}
+
+// A descriptor in non-blocking mode (standard input that a parent set so, a shared pipe) is
+// read to its end all the same: EAGAIN waits for data rather than ending the read with an error.
+// The writer sends its bytes in two parts, late, and then closes; the descriptor stays open.
+TEST(ReadDescriptorTest, WaitsOnANonBlockingPipeAndLeavesItOpen) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ASSERT_EQ(::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK), 0);
+  std::thread writer([w = fds[1]] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(::write(w, "z12.nw8", 7), 7);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(::write(w, ".ug2\n", 5), 5);
+    ::close(w);
+  });
+  absl::StatusOr<std::string> read = ReadDescriptor(fds[0], "<stdin>", 1 << 20);
+  writer.join();
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "z12.nw8.ug2\n");
+  EXPECT_EQ(::fcntl(fds[0], F_GETFD), 0) << "the descriptor was closed";
+  ::close(fds[0]);
 }
 
 }  // namespace

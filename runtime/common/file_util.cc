@@ -1,6 +1,7 @@
 #include "runtime/common/file_util.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -138,6 +139,10 @@ absl::StatusOr<std::string> ReadAll(int fd, const std::string& path, int64_t max
     const ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {  // a non-blocking pipe: wait for its writer
+        struct pollfd p = {fd, POLLIN, 0};
+        if (::poll(&p, 1, -1) >= 0 || errno == EINTR) continue;
+      }
       return ErrnoError("cannot read", path);
     }
     if (n == 0) break;

@@ -19,7 +19,7 @@ namespace gemvz::internal {
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes = -1);
 
 // The same from an open descriptor (standard input), to its end, named `name` in errors; `fd` is
-// left open.
+// left open. A non-blocking descriptor with nothing to read yet is waited on (poll), not an error.
 absl::StatusOr<std::string> ReadDescriptor(int fd, const std::string& name, int64_t max_bytes);
 
 // The same for files that gemvz itself keeps (cache entries, the tuning file), where anything
