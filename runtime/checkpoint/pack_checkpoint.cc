@@ -150,7 +150,10 @@ absl::Status Driver::WriteLast(const SafetensorsFile& in, SafetensorsWriter& wri
     const SafetensorsEntry* kept;        // a kept tensor of the input
   };
   std::vector<Later> all;
-  for (const internal::DeferredPart& p : later_parts_) all.push_back({p.element_size, &p, nullptr});
+  for (const internal::DeferredPart& p : later_parts_) {
+    ASSIGN_OR_RETURN(const int element_size, internal::SafetensorsDtypeSize(p.dtype));
+    all.push_back({element_size, &p, nullptr});
+  }
   for (const SafetensorsEntry* e : later_kept_) {
     ASSIGN_OR_RETURN(const int element_size, internal::SafetensorsDtypeSize(e->dtype));
     all.push_back({element_size, nullptr, e});

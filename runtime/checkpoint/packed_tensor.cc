@@ -239,9 +239,7 @@ absl::StatusOr<PackedTensorMeta> WritePackedTensor(SafetensorsWriter& writer,
   for (int i = 0; i < kPackedParts; ++i) {
     m.crc[i] = Crc32c(parts[i].data, parts[i].size);
     if (WritesLast(parts[i].size)) {
-      ASSIGN_OR_RETURN(const int element_size, SafetensorsDtypeSize(kPackedPartSpecs[i].dtype));
       later.push_back({PackedPartName(tensor, i), kPackedPartSpecs[i].dtype, shapes[i],
-                       element_size,
                        std::string(static_cast<const char*>(parts[i].data), parts[i].size)});
       continue;
     }

@@ -67,7 +67,6 @@ struct DeferredPart {
   std::string name;
   std::string dtype;
   std::vector<int64_t> shape;
-  int element_size = 1;
   std::string bytes;
 };
 
