@@ -98,6 +98,19 @@ absl::Status CheckChoice(const TunedChoice& c) {
                   GemvShape{std::min<int64_t>(c.m, c.config.tokens_per_launch()), c.n, c.k});
 }
 
+// CheckChoice, and for a choice to save (not one already in a file, which loads as before) an m
+// of one launch: the dispatcher looks up one launch's rows, so an entry for more would never be
+// found.
+absl::Status CheckSavable(const TunedChoice& c) {
+  RETURN_IF_ERROR(CheckChoice(c));
+  if (const int64_t rows = internal::LaunchRowsFor(c.m); rows != c.m) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "m = ", c.m, " runs as launches of ", rows,
+        " rows, which the dispatcher looks up: save the choice for m = ", rows, " instead"));
+  }
+  return absl::OkStatus();
+}
+
 std::string ChoiceName(const TunedChoice& c) {
   // Both escaped: a bad arch or device reaches here, in the message refusing it.
   return absl::StrCat(internal::Escaped(c.arch),
@@ -284,15 +297,7 @@ absl::StatusOr<std::vector<TunedChoice>> LoadTunedChoices() {
 absl::Status SaveTunedChoices(const std::vector<TunedChoice>& choices) {
   // Check every choice before anything is touched: a bad one saves nothing.
   for (size_t i = 0; i < choices.size(); ++i) {
-    absl::Status st = CheckChoice(choices[i]);
-    // The dispatcher looks up one launch's rows: an entry for more would never be found.
-    if (const int64_t rows = internal::LaunchRowsFor(choices[i].m);
-        st.ok() && rows != choices[i].m) {
-      st = absl::InvalidArgumentError(absl::StrCat(
-          "m = ", choices[i].m, " runs as launches of ", rows,
-          " rows, which the dispatcher looks up: save the choice for m = ", rows, " instead"));
-    }
-    if (!st.ok()) {
+    if (absl::Status st = CheckSavable(choices[i]); !st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("cannot save tuned choice ", i, " (",
                                                      ChoiceName(choices[i]), "): ", st.message()));
     }
