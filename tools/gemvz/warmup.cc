@@ -96,13 +96,13 @@ absl::StatusOr<std::vector<KernelConfig>> GatherConfigs(const std::vector<std::s
   }
   std::vector<KernelConfig> configs;
   if (!file.empty()) {
+    const bool from_stdin = file == "-";
+    const std::string where = from_stdin ? "<stdin>" : file;
     absl::StatusOr<std::string> text =
-        file == "-"
-            ? internal::ReadDescriptor(STDIN_FILENO, "<stdin>", internal::kMaxConfigListBytes)
-            : internal::ReadFile(file, internal::kMaxConfigListBytes);
+        from_stdin ? internal::ReadDescriptor(STDIN_FILENO, where, internal::kMaxConfigListBytes)
+                   : internal::ReadFile(file, internal::kMaxConfigListBytes);
     if (!text.ok()) return text.status();
-    absl::StatusOr<std::vector<KernelConfig>> parsed =
-        internal::ParseConfigList(*text, file == "-" ? "<stdin>" : file);
+    absl::StatusOr<std::vector<KernelConfig>> parsed = internal::ParseConfigList(*text, where);
     if (!parsed.ok()) return parsed.status();
     configs = *std::move(parsed);
     if (configs.empty()) {
