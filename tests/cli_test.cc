@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <random>
@@ -900,6 +902,20 @@ TEST_F(CliTest, FlagsAndVariablesThatWouldBeIgnoredAreUsageErrors) {
   r = Run({"cache", "dir"});
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_CONTAINS(r.err, "the cache directory '" + dir_ + "/afile' is not a directory");
+  // Nor is a path that cannot be looked up (it printed the path and exited 0): a symlink loop, a
+  // file as a parent. A directory yet to be made is fine.
+  ASSERT_EQ(::symlink((dir_ + "/loop").c_str(), (dir_ + "/loop").c_str()), 0) << strerror(errno);
+  for (const std::string& bad : {dir_ + "/loop", dir_ + "/afile/sub"}) {
+    env_["GEMVZ_CACHE_DIR"] = bad;
+    r = Run({"cache", "dir"});
+    EXPECT_EQ(r.rc, 1) << bad << ": " << r.out;
+    EXPECT_CONTAINS(r.err, "the cache directory '" + bad + "' cannot be looked up: ");
+    EXPECT_EQ(r.out, "") << bad;
+  }
+  env_["GEMVZ_CACHE_DIR"] = dir_ + "/not/yet";
+  r = Run({"cache", "dir"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, dir_ + "/not/yet\n");
   // A GEMVZ_LOG that is no level does not silence the warnings (atoi made -1 hide them all).
   env_["GEMVZ_CACHE_DIR"] = dir_ + "/cache";
   env_["GEMVZ_CACHE_MAX_BYTES"] = "lots";

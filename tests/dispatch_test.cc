@@ -589,6 +589,13 @@ TEST_F(TuningFileTest, NewerSchemaIsNeitherReadNorOverwritten) {
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << Msg(st);
   EXPECT_CONTAINS(Msg(st), path_);
   EXPECT_EQ(ReadAll(path_), newer);
+  // Versions past int64 are newer as well, not corrupt (read as int64 they would wrap negative).
+  for (const char* v : {"9223372036854775808", "18446744073709551615"}) {
+    WriteAll(path_, absl::StrCat(R"({"version": )", v, R"(, "entries": []})"));
+    loaded = Load();
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition) << v;
+    EXPECT_CONTAINS(Msg(loaded.status()), absl::StrCat("schema version ", v, " is newer"));
+  }
 }
 
 TEST_F(TuningFileTest, UnreadableFileIsReportedNamingTheFile) {

@@ -13,6 +13,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "gemvz/config.h"
 #include "gemvz/format.h"
 #include "gtest/gtest.h"
 #include "runtime/format/z12_layout.h"
@@ -465,18 +466,23 @@ TEST(Format, RefusesBadInput) {
   EXPECT_FALSE(Unpack(PackedMatrix{}).ok());
 }
 
-// The largest shapes the format takes, 2^31 rows and 2^30 columns (format.h); one 16-row block
-// or 64-column group more is refused, naming the limits.
+// The largest shapes the format takes, 2^31 - 16 rows (one GEMV's N is below 2^31) and 2^30
+// columns (format.h); one 16-row block or 64-column group more is refused, naming the limits.
 TEST(Format, ShapesUpTo2To31RowsAnd2To30ColumnsArePackable) {
+  const int64_t max_rows = (int64_t{1} << 31) - 16;
   EXPECT_TRUE(CheckPackableShape(16, int64_t{1} << 30).ok());
-  EXPECT_TRUE(CheckPackableShape(int64_t{1} << 31, 64).ok());
-  EXPECT_TRUE(CheckPackableShape(int64_t{1} << 31, int64_t{1} << 30).ok());
+  EXPECT_TRUE(CheckPackableShape(max_rows, 64).ok());
+  EXPECT_TRUE(CheckPackableShape(max_rows, int64_t{1} << 30).ok());
+  // The largest packable matrix is one GEMV's shape.
+  const KernelConfig one_warp{WeightFormat::kZ12, 1, 1, 1, 3, 1};
+  EXPECT_TRUE(Validate(one_warp, GemvShape{1, max_rows, int64_t{1} << 30}).ok());
+  EXPECT_FALSE(Validate(one_warp, GemvShape{1, int64_t{1} << 31, 64}).ok());
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, (int64_t{1} << 30) + 64},
-                                   {(int64_t{1} << 31) + 16, 64},
+                                   {int64_t{1} << 31, 64},
                                    {16, int64_t{1} << 31}}) {
     const absl::Status s = CheckPackableShape(rows, cols);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << rows << " x " << cols << ": " << s;
-    EXPECT_NE(s.message().find("above 2^31 rows / 2^30 columns"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("above 2^31 - 16 rows / 2^30 columns"), std::string::npos) << s;
   }
 }
 

@@ -1,11 +1,13 @@
 // RunWorkers: every worker exactly once, a worker's exception brought back to the caller after
-// all have ended, and workers whose thread cannot start run on the caller instead.
+// all have ended, and workers whose thread cannot start run on the caller instead. WorkerCount:
+// the pools' sizes.
 #include "runtime/common/parallel.h"
 
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdio>
@@ -19,6 +21,21 @@
 
 namespace gemvz::internal {
 namespace {
+
+// A request is capped by the items and by kMaxWorkers (PackOptions::threads = INT_MAX on a matrix
+// of a million row blocks asked for a million threads and a packing table each); 0 or less is
+// every hardware thread; never fewer than one.
+TEST(WorkerCount, TheRequestCappedByTheItemsAndTheLimit) {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(WorkerCount(3, 100), 3);
+  EXPECT_EQ(WorkerCount(8, 5), 5);
+  EXPECT_EQ(WorkerCount(INT_MAX, int64_t{1} << 20), kMaxWorkers);
+  EXPECT_EQ(WorkerCount(kMaxWorkers + 1, int64_t{1} << 40), kMaxWorkers);
+  EXPECT_EQ(WorkerCount(0, int64_t{1} << 20), std::min(hw, kMaxWorkers));
+  EXPECT_EQ(WorkerCount(-4, int64_t{1} << 20), std::min(hw, kMaxWorkers));
+  EXPECT_EQ(WorkerCount(0, 1), 1);
+  EXPECT_EQ(WorkerCount(5, 0), 1);
+}
 
 TEST(RunWorkers, RunsEveryWorkerExactlyOnceWorkerZeroOnTheCaller) {
   for (int workers : {1, 2, 7, 32}) {

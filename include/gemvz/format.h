@@ -71,11 +71,11 @@ struct PackedMatrix {
 };
 
 struct PackOptions {
-  int threads = 0;  // 0: all hardware threads
+  int threads = 0;  // 0: all hardware threads; at most one a 16-row block and 1024 are used
 };
 
 // Checks that a [rows, cols] matrix can be packed: rows % 16 == 0, cols % 64 == 0, both positive,
-// at most 2^31 rows and 2^30 columns.
+// at most 2^31 - 16 rows (below 2^31, as one GEMV's N) and 2^30 columns.
 absl::Status CheckPackableShape(int64_t rows, int64_t cols);
 
 // Packs BF16 (raw bits, row-major [rows, cols]). Refuses Inf/NaN, naming the first (row, col).

@@ -1,10 +1,18 @@
 #include "runtime/common/parallel.h"
 
+#include <algorithm>
 #include <exception>
 #include <thread>
 #include <vector>
 
 namespace gemvz::internal {
+
+int WorkerCount(int requested, int64_t work_items) {
+  const int64_t want =
+      requested > 0 ? requested : static_cast<int64_t>(std::thread::hardware_concurrency());
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>({want, work_items, int64_t{kMaxWorkers}})));
+}
 
 void RunWorkers(int workers, const std::function<void(int worker)>& fn) {
   if (workers < 1) return;

@@ -140,11 +140,16 @@ absl::StatusOr<std::vector<TunedChoice>> ParseTuningJson(const std::string& text
   if (version == doc.end() || !version->is_number_integer()) {
     return absl::DataLossError("no integer \"version\" field");
   }
-  const int64_t v = version->get<int64_t>();
-  if (v > kTuningFileVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "schema version ", v, " is newer than this gemvz's (", kTuningFileVersion, ")"));
+  // Compared unsigned: a version past int64 is newer too (read as int64 it would wrap to a
+  // negative number and set a newer gemvz's file aside as corrupt). JSON's negative integers are
+  // the only signed ones.
+  if (version->is_number_unsigned() &&
+      version->get<uint64_t>() > static_cast<uint64_t>(kTuningFileVersion)) {
+    return absl::FailedPreconditionError(absl::StrCat("schema version ", version->get<uint64_t>(),
+                                                      " is newer than this gemvz's (",
+                                                      kTuningFileVersion, ")"));
   }
+  const int64_t v = version->get<int64_t>();
   if (v < kOldestTuningFileVersion) {
     return absl::DataLossError(absl::StrCat("unknown schema version ", v));
   }

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <thread>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -89,12 +88,6 @@ int Corrections(uint16_t orig, uint16_t dec, uint32_t out[2]) {
   return 2;
 }
 
-int ThreadCount(int requested, int64_t work_items) {
-  int t = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
-  t = std::max(1, t);
-  return static_cast<int>(std::min<int64_t>(t, std::max<int64_t>(1, work_items)));
-}
-
 // Corrections and reconstruction are exact only in default IEEE arithmetic, and threads inherit
 // the caller's modes: under flush-to-zero / denormals-are-zero (torch.set_flush_denormal,
 // -ffast-math binaries) a subnormal weight or correction reads as zero; under a directed rounding
@@ -152,9 +145,11 @@ absl::Status CheckPackableShape(int64_t rows, int64_t cols) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot pack [", rows, ", ", cols, "]: K % 64 != 0 (columns come in 64-wide groups)"));
   }
-  if (cols > (int64_t{1} << 30) || rows > (int64_t{1} << 31)) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot pack [", rows, ", ", cols,
-                                                   "]: dimensions above 2^31 rows / 2^30 columns"));
+  // Rows below 2^31 (at most 2^31 - 16): a GEMV takes N as an int32, so that every packed
+  // matrix can be multiplied whole.
+  if (cols > (int64_t{1} << 30) || rows >= (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot pack [", rows, ", ", cols, "]: dimensions above 2^31 - 16 rows / 2^30 columns"));
   }
   return absl::OkStatus();
 }
@@ -164,7 +159,7 @@ absl::StatusOr<PackedMatrix> Pack(const uint16_t* w, int64_t rows, int64_t cols,
   if (w == nullptr) return absl::InvalidArgumentError("cannot pack: the weight pointer is null");
   RETURN_IF_ERROR(CheckPackableShape(rows, cols));
   const int64_t nblocks = rows / kRowBlock, ngroups = cols / kColGroup;
-  const int threads = ThreadCount(options.threads, nblocks);
+  const int threads = internal::WorkerCount(options.threads, nblocks);
 
   // Pass 1: histogram of e7 and the first non-finite weight (in row-major order).
   std::vector<std::array<int64_t, 128>> hist(threads);
@@ -347,7 +342,7 @@ namespace {
 void UnpackValidated(const PackedMatrix& p, uint16_t* out) {
   const int64_t cols = p.cols, nblocks = p.rows / kRowBlock, ngroups = cols / kColGroup;
   const auto& slots = GroupSlots();
-  const int threads = ThreadCount(0, nblocks);
+  const int threads = internal::WorkerCount(0, nblocks);
   ParallelRanges(nblocks, threads, [&](int64_t b0, int64_t b1, int) {
     for (int64_t rb = b0; rb < b1; ++rb) {
       // Decoded values, straight from the bytes (what decz produces).

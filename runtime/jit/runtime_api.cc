@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "gemvz/runtime.h"
@@ -66,8 +65,7 @@ std::vector<absl::StatusOr<PrecompileResult>> PrecompileEach(
     const std::function<void(int done, int total, const PrecompileResult&)>& progress) {
   std::vector<absl::StatusOr<PrecompileResult>> results(
       configs.size(), absl::CancelledError("not started: an earlier configuration failed"));
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  threads = std::max(1, std::min<int>(threads, static_cast<int>(configs.size())));
+  threads = WorkerCount(threads, static_cast<int64_t>(configs.size()));
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   absl::Mutex mu;

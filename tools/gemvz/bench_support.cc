@@ -21,7 +21,6 @@
 #include <random>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
@@ -41,18 +40,12 @@
 namespace gemvz::cli {
 namespace {
 
-int ResolveThreads(int threads) {
-  if (threads > 0) return threads;
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
-}
-
 // Runs fn(begin, end) over [0, count) in chunks of `grain` on up to `threads` threads.
 void ParallelFor(int64_t count, int threads, int64_t grain,
                  const std::function<void(int64_t, int64_t)>& fn) {
   if (count <= 0) return;
   const int64_t chunks = (count + grain - 1) / grain;
-  const int workers = static_cast<int>(std::min<int64_t>(ResolveThreads(threads), chunks));
+  const int workers = internal::WorkerCount(threads, chunks);
   std::atomic<int64_t> next{0};
   auto work = [&] {
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {

@@ -242,10 +242,17 @@ int RunCache(const std::vector<std::string>& args) {
     if (dir.empty()) {
       return Fail("the disk cache is disabled (GEMVZ_DISABLE_DISK_CACHE=1, or no home directory)");
     }
-    // Where it is to be made is fine; something else in its place is not a cache directory.
+    // Where it is to be made is fine; something else in its place is not a cache directory, and
+    // a path that cannot be looked up (a symlink loop, a file as a parent, no permission) is no
+    // place for one either.
     struct stat st;
-    if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
-      return Fail(absl::StrCat("the cache directory '", dir, "' is not a directory"));
+    if (::stat(dir.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) {
+        return Fail(absl::StrCat("the cache directory '", dir, "' is not a directory"));
+      }
+    } else if (errno != ENOENT) {
+      return Fail(absl::StrCat("the cache directory '", dir,
+                               "' cannot be looked up: ", std::strerror(errno)));
     }
     std::printf("%s\n", dir.c_str());
     return 0;
