@@ -82,7 +82,7 @@ struct PackProgress {
 };
 
 struct CheckpointPackOptions {
-  int threads = 0;      // 0: all hardware threads
+  int threads = 0;      // 0: all hardware threads; each matrix uses as PackOptions::threads does
   bool verify = false;  // re-read every written file, unpack every tensor and compare its bits
   // A tensor that would be packed (2-D BF16 of a shape CheckPackableShape accepts) holding Inf or
   // NaN is an error by default; with this it is kept unpacked instead. Every other tensor is

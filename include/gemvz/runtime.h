@@ -49,9 +49,10 @@ struct PrecompileResult {
 // $GEMVZ_ARCH, else the architecture of GPU 0, else sm_90).
 absl::StatusOr<PrecompileResult> Precompile(const KernelConfig& config, const std::string& arch);
 
-// Precompiles many in parallel on `threads` workers (0: all cores), calling `progress` after each
-// (done, total, result) from a worker thread (one call at a time). Returns every result in the
-// order of `configs`, or the first error (then no new configuration is started).
+// Precompiles many in parallel on `threads` workers (0: all cores; at most one a configuration and
+// 1024), calling `progress` after each (done, total, result) from a worker thread (one call at a
+// time). Returns every result in the order of `configs`, or the first error (then no new
+// configuration is started).
 absl::StatusOr<std::vector<PrecompileResult>> PrecompileAll(
     const std::vector<KernelConfig>& configs, const std::string& arch, int threads,
     const std::function<void(int done, int total, const PrecompileResult&)>& progress = nullptr);
