@@ -48,12 +48,20 @@ uint32_t FloatBitsOf(float f) {
   return u;
 }
 
-// Moves the window to `base`, with the tl/th words that hold it.
+// Moves the window to `base`, with the tl/th words that hold it. At base 120 the window's top
+// value, e7 127, decodes to Inf or NaN with a low byte of 0x80 or more (all eight exponent bits
+// set), which Pack never writes: every low byte (the first two sections of each group) loses its
+// top bit there.
 void SetWindow(PackedMatrix& p, int base) {
   const uint32_t b = static_cast<uint32_t>(base);
   p.base = base;
   p.tl = b | (b + 1) << 8 | (b + 2) << 16 | (b + 3) << 24;
   p.th = p.tl + 0x04040404u;
+  if (base == 120) {
+    for (size_t i = 0; i < p.weights.size(); ++i) {
+      if (i % 1536 < 1024) p.weights[i] &= 0x7F;
+    }
+  }
 }
 
 // A structurally valid matrix with random contents: sparse corrections (some weights with two),
@@ -63,9 +71,10 @@ PackedMatrix RandomValidMatrix(int64_t rows, int64_t cols, uint64_t seed, bool w
   PackedMatrix p;
   p.rows = rows;
   p.cols = cols;
-  SetWindow(p, static_cast<int>(rng() % 121));
+  const int base = static_cast<int>(rng() % 121);
   p.weights.resize(rows / 16 * cols / 64 * 1536);
   for (auto& x : p.weights) x = static_cast<uint8_t>(rng());
+  SetWindow(p, base);  // after the weights: base 120 clears their low bytes' top bits
   p.row_offsets.push_back(0);
   p.dense_block_offsets.push_back(0);
   std::uniform_real_distribution<float> val(-1e-3f, 1e-3f);
@@ -574,6 +583,13 @@ TEST(ValidatePackedTest, CatchesEachBrokenInvariant) {
       {"zero value", "zero value", [e2](PackedMatrix& p) { p.entries[e2].value_bits = 0; }},
       {"negative zero value", "zero value",
        [e2](PackedMatrix& p) { p.entries[e2].value_bits = 0x80000000u; }},
+      // Two FLT_MAX entries for one weight: each finite, their sum is not, so Unpack would
+      // restore an Inf weight and the kernel add FLT_MAX * x twice.
+      {"corrections restore Inf", "restore a non-finite weight",
+       [e2](PackedMatrix& p) {
+         p.entries[e2 + 1].col = p.entries[e2].col;
+         p.entries[e2].value_bits = p.entries[e2 + 1].value_bits = 0x7F7FFFFFu;
+       }},
       {"dense_block_offsets short", "dense_block_offsets has",
        [](PackedMatrix& p) { p.dense_block_offsets.pop_back(); }},
       {"dense_block_offsets start", "dense_block_offsets[0]",
@@ -623,6 +639,36 @@ TEST(ValidatePackedTest, CatchesEachBrokenInvariant) {
     EXPECT_FALSE(Save(p, dir + "/x.gemvz").ok()) << c.name;
   }
   EXPECT_TRUE(ListDir(dir).empty());
+}
+
+// A correction is judged with the weight it corrects: at window base 119, 2e38 added to 0x7EFF
+// (e7 126, 1.69e38) restores Inf, added to 0x7700 (e7 119, 2.6e33) a finite weight. Each of a
+// block's 1024 positions in turn holds the large weight, so the decoder's position of every
+// weight is the one ValidatePacked reads.
+TEST(ValidatePackedTest, RefusesCorrectionsThatRestoreANonFiniteWeight) {
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 64; ++c) {
+      std::vector<uint16_t> w(16 * 64, 0x7700);
+      w[r * 64 + c] = 0x7EFF;
+      absl::StatusOr<PackedMatrix> packed = Pack(w.data(), 16, 64);
+      ASSERT_TRUE(packed.ok()) << packed.status();
+      ASSERT_EQ(packed->base, 119);
+      ASSERT_TRUE(packed->entries.empty());
+      auto with_entry = [&](int row, int col) {
+        PackedMatrix p = *packed;
+        p.entries.push_back({col, FloatBitsOf(2e38f)});
+        for (int i = row + 1; i <= 16; ++i) p.row_offsets[i] = 1;
+        return p;
+      };
+      const absl::Status big = ValidatePacked(with_entry(r, c));
+      EXPECT_NE(big.message().find("row " + std::to_string(r) + " col " + std::to_string(c) +
+                                   ": its 1 correction entries restore a non-finite weight"),
+                std::string::npos)
+          << big;
+      const int other = (r + 1) % 16;
+      EXPECT_TRUE(ValidatePacked(with_entry(other, c)).ok()) << r << " " << c;
+    }
+  }
 }
 
 TEST(ValidatePackedTest, AcceptsTheEdgeWindows) {

@@ -86,8 +86,8 @@ absl::StatusOr<PackedMatrix> Pack(const uint16_t* bf16, int64_t rows, int64_t co
 absl::Status Unpack(const PackedMatrix& packed, uint16_t* out);
 absl::StatusOr<std::vector<uint16_t>> Unpack(const PackedMatrix& packed);
 
-// Checks every internal invariant (sizes, offsets, sorted entries, window words); what Load and
-// the upload path run before trusting a matrix.
+// Checks every internal invariant (sizes, offsets, sorted entries, window words, finite restored
+// weights); what Load and the upload path run before trusting a matrix.
 absl::Status ValidatePacked(const PackedMatrix& packed);
 
 // File I/O. Save publishes atomically (temporary file, fsync, rename): a failed save never leaves

@@ -404,6 +404,10 @@ absl::StatusOr<std::vector<uint16_t>> Unpack(const PackedMatrix& p) {
 
 namespace internal {
 
+uint16_t RestoredWeight(uint16_t decoded, const uint32_t* values, int n) {
+  return Reconstruct(decoded, values, n, decoded >> 15);
+}
+
 int64_t CorrectionEntries(const uint16_t* weights, int64_t n, int base) {
   const IeeeArithmetic ieee;
   int64_t entries = 0;

@@ -21,6 +21,7 @@
 #include "runtime/common/file_util.h"
 #include "runtime/common/hash.h"
 #include "runtime/common/status_macros.h"
+#include "runtime/format/z12_layout.h"
 
 namespace gemvz {
 namespace {
@@ -318,6 +319,41 @@ absl::Status Annotate(const absl::Status& st, const std::string& what) {
 inline bool FiniteFloatBits(uint32_t u) { return (u & 0x7F800000u) != 0x7F800000u; }
 inline bool FiniteBf16Bits(uint16_t u) { return (u & 0x7F80u) != 0x7F80u; }
 
+// Where weight (r, c) of a 16 x 64 group lives: the inverse of internal::GroupSlots.
+struct WeightSlot {
+  uint8_t f, lane, i;
+};
+using WeightSlotTable = std::array<std::array<WeightSlot, kColGroup>, kRowBlock>;
+const WeightSlotTable& WeightSlots() {
+  static const WeightSlotTable table = [] {
+    WeightSlotTable t{};
+    const auto& slots = internal::GroupSlots();
+    for (int f = 0; f < 4; ++f) {
+      for (int lane = 0; lane < 32; ++lane) {
+        for (int i = 0; i < 8; ++i) {
+          const internal::GroupSlot s = slots[f][lane][i];
+          t[s.row][s.col] = WeightSlot{static_cast<uint8_t>(f), static_cast<uint8_t>(lane),
+                                       static_cast<uint8_t>(i)};
+        }
+      }
+    }
+    return t;
+  }();
+  return table;
+}
+
+// The BF16 bits the decoder produces for weight (row, col) of a matrix whose sizes are checked.
+uint16_t DecodedWeight(const PackedMatrix& p, int64_t row, int64_t col) {
+  const uint8_t* grp =
+      p.weights.data() + ((row / kRowBlock) * (p.cols / kColGroup) + col / kColGroup) * kGroupBytes;
+  const WeightSlot s = WeightSlots()[row % kRowBlock][col % kColGroup];
+  uint32_t q;
+  std::memcpy(&q, grp + internal::CodeWordOffset(s.f, s.lane), 4);
+  const uint32_t code = (q >> (4 * s.i)) & 7, sign = (q >> internal::kSignBit[s.i]) & 1;
+  return static_cast<uint16_t>((sign << 15) | ((static_cast<uint32_t>(p.base) + code) << 8) |
+                               grp[internal::LowByteOffset(s.f, s.lane, s.i)]);
+}
+
 }  // namespace
 
 // NOTES: a correction whose value is zero (+0.0 or -0.0) is refused: Pack never emits one (a weight
@@ -451,6 +487,26 @@ absl::Status ValidatePacked(const PackedMatrix& p) {
     if (!FiniteBf16Bits(p.dense_values[i])) {
       return invalid(absl::StrFormat("dense row %d col %d holds a non-finite BF16 (bits %04x)",
                                      i / cols, i % cols, p.dense_values[i]));
+    }
+  }
+
+  // Each corrected weight as Unpack restores it: finite corrections can still sum past FP32's
+  // range with the decoded value (two entries of FLT_MAX), and then the matrix holds an Inf weight,
+  // which Pack never writes, and the kernel adds value * x to a row that it should not.
+  for (int64_t r = 0; r < rows; ++r) {
+    for (uint32_t e = p.row_offsets[r], e1 = p.row_offsets[r + 1]; e < e1;) {
+      const int32_t c = p.entries[e].col;
+      uint32_t vals[2];
+      int n = 0;
+      while (e < e1 && p.entries[e].col == c) vals[n++] = p.entries[e++].value_bits;  // n <= 2
+      const uint16_t dec = DecodedWeight(p, r, c);
+      const uint16_t w = internal::RestoredWeight(dec, vals, n);
+      if (!FiniteBf16Bits(w)) {
+        return invalid(absl::StrFormat(
+            "row %d col %d: its %d correction entries restore a non-finite weight (BF16 bits "
+            "%04x from decoded %04x); a weight and its corrections must restore a finite BF16",
+            r, c, n, w, dec));
+      }
     }
   }
   return absl::OkStatus();

@@ -49,6 +49,9 @@ inline bool InWindow(uint16_t bits, int base) {
   return e7 >= base && e7 < base + 8;
 }
 
+// The weight Unpack restores from its decoded bits and its n (1 or 2) correction values.
+uint16_t RestoredWeight(uint16_t decoded, const uint32_t* values, int n);
+
 // The correction entries that Pack makes for `n` BF16 weights with window start `base`: none
 // inside the window, one or two outside (PackStats counts a dense row's, which are not stored,
 // for its padded table).
