@@ -671,6 +671,51 @@ TEST(ValidatePackedTest, RefusesCorrectionsThatRestoreANonFiniteWeight) {
   }
 }
 
+// At window base 120 code 7 decodes to e7 127, whose low bytes 0x80 and above are Inf and NaN:
+// refused in a row that is not dense (the kernel would multiply it), at each of a block's 1024
+// positions (found as the byte that changes with the weight's low byte), and not in a dense row.
+TEST(ValidatePackedTest, RefusesAWeightThatDecodesToInfOrNaN) {
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 64; ++c) {
+      std::vector<uint16_t> w(16 * 64, 0x7800);  // e7 120
+      w[r * 64 + c] = 0x7F00;                    // e7 127, 2^127
+      absl::StatusOr<PackedMatrix> packed = Pack(w.data(), 16, 64);
+      w[r * 64 + c] = 0x7F01;
+      absl::StatusOr<PackedMatrix> other = Pack(w.data(), 16, 64);
+      ASSERT_TRUE(packed.ok() && other.ok());
+      ASSERT_EQ(packed->base, 120);
+      ASSERT_TRUE(ValidatePacked(*packed).ok()) << ValidatePacked(*packed);
+      size_t low = 0;
+      while (low < packed->weights.size() && packed->weights[low] == other->weights[low]) ++low;
+      ASSERT_LT(low, packed->weights.size());
+      for (uint8_t byte : {0x80, 0x81, 0xFF}) {  // Inf, NaN, NaN
+        PackedMatrix p = *packed;
+        p.weights[low] = byte;
+        const absl::Status st = ValidatePacked(p);
+        EXPECT_NE(st.message().find("row " + std::to_string(r) + " col " + std::to_string(c) +
+                                    " decodes to a non-finite BF16"),
+                  std::string::npos)
+            << st;
+      }
+    }
+  }
+  // Row 3 dense: its decoded weights are ignored.
+  std::vector<uint16_t> w(16 * 64, 0x7800);
+  w[3 * 64 + 5] = 0x7F00;
+  for (int c = 10; c < 64; ++c) w[3 * 64 + c] = 0x3F80;  // 54 weights outside: a dense row
+  absl::StatusOr<PackedMatrix> packed = Pack(w.data(), 16, 64);
+  w[3 * 64 + 5] = 0x7F01;
+  absl::StatusOr<PackedMatrix> other = Pack(w.data(), 16, 64);
+  ASSERT_TRUE(packed.ok() && other.ok());
+  ASSERT_EQ(packed->base, 120);
+  ASSERT_EQ(packed->dense_rows, std::vector<uint8_t>{3});
+  size_t low = 0;
+  while (low < packed->weights.size() && packed->weights[low] == other->weights[low]) ++low;
+  ASSERT_LT(low, packed->weights.size());
+  packed->weights[low] = 0x80;
+  EXPECT_TRUE(ValidatePacked(*packed).ok()) << ValidatePacked(*packed);
+}
+
 TEST(ValidatePackedTest, AcceptsTheEdgeWindows) {
   for (int base : {0, 120}) {
     PackedMatrix p = RandomValidMatrix(16, 64, FreshSeed());

@@ -490,6 +490,42 @@ absl::Status ValidatePacked(const PackedMatrix& p) {
     }
   }
 
+  // A decoded weight is Inf or NaN only at e7 127 with a low byte of 0x80 or more (all eight
+  // exponent bits set): code 7 of window base 120. Pack never writes one; in a sparse row the
+  // kernel multiplies it and Unpack returns it (no correction makes it finite), in a dense row
+  // both ignore it.
+  if (p.base + 7 == 127) {
+    std::vector<bool> dense(static_cast<size_t>(rows), false);
+    for (int64_t rb = 0; rb < nblocks; ++rb) {
+      for (uint32_t d = p.dense_block_offsets[rb]; d < p.dense_block_offsets[rb + 1]; ++d) {
+        dense[rb * kRowBlock + p.dense_rows[d]] = true;
+      }
+    }
+    const int64_t ngroups = cols / kColGroup;
+    const auto& slots = internal::GroupSlots();
+    for (int64_t g = 0; g < nblocks * ngroups; ++g) {
+      const uint8_t* grp = p.weights.data() + g * kGroupBytes;
+      for (int f = 0; f < 4; ++f) {
+        for (int lane = 0; lane < 32; ++lane) {
+          uint32_t q;
+          std::memcpy(&q, grp + internal::CodeWordOffset(f, lane), 4);
+          for (int i = 0; i < 8; ++i) {
+            if (((q >> (4 * i)) & 7) != 7 || grp[internal::LowByteOffset(f, lane, i)] < 0x80) {
+              continue;
+            }
+            const int64_t row = g / ngroups * kRowBlock + slots[f][lane][i].row;
+            const int64_t col = g % ngroups * kColGroup + slots[f][lane][i].col;
+            if (dense[row]) continue;
+            return invalid(absl::StrFormat(
+                "row %d col %d decodes to a non-finite BF16 (bits %04x: window base 120's top "
+                "value with a low byte of 0x80 or more) in a row that is not dense",
+                row, col, DecodedWeight(p, row, col)));
+          }
+        }
+      }
+    }
+  }
+
   // Each corrected weight as Unpack restores it: finite corrections can still sum past FP32's
   // range with the decoded value (two entries of FLT_MAX), and then the matrix holds an Inf weight,
   // which Pack never writes, and the kernel adds value * x to a row that it should not.
