@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "gemvz/config.h"
 #include "gtest/gtest.h"
 #include "runtime/jit/cubin_info.h"
@@ -224,6 +225,28 @@ TEST(CompilerTest, TuringIsRefusedForWantOfBf16Mma) {
   EXPECT_NE(std::string(turing.message()).find("sm_80 or later"), std::string::npos)
       << "sm_75 should be refused for its lack of bf16 mma, not as unknown to NVRTC: " << turing;
   EXPECT_TRUE(CheckArch("sm_86").ok());
+}
+
+// An architecture NVRTC cannot target is refused with the ones it can: each of those must be one
+// the library takes, or the message sends the user (GEMVZ_ARCH=sm_70 on a Volta host, a typo such
+// as sm_91) to sm_75, which NVRTC 13 still targets and CheckArch then refuses.
+TEST(CompilerTest, AnUnknownArchitectureIsAnsweredWithUsableOnesOnly) {
+  for (const char* unknown : {"sm_70", "sm_91", "sm_999"}) {
+    const absl::Status st = CheckArch(unknown);
+    ASSERT_FALSE(st.ok()) << unknown;
+    const std::string message(st.message());
+    const size_t list = message.find("it supports ");
+    if (list == std::string::npos) continue;  // an NVRTC that cannot list its targets
+    int offered = 0;
+    for (absl::string_view name :
+         absl::StrSplit(message.substr(list + 12), ", ", absl::SkipWhitespace())) {
+      ++offered;
+      EXPECT_TRUE(CheckArch(std::string(name)).ok())
+          << unknown << "'s message offers " << name << ", which CheckArch refuses: " << st;
+    }
+    EXPECT_GT(offered, 0) << st;
+    EXPECT_NE(message.find("sm_90"), std::string::npos) << st;
+  }
 }
 
 TEST(CompilerTest, PtxasReportIsParsedForTheRightFunction) {

@@ -154,10 +154,15 @@ absl::Status CheckArch(std::string_view arch) {
   const std::vector<int>& supported = SupportedArchs();
   if (!supported.empty() &&
       std::find(supported.begin(), supported.end(), number) == supported.end()) {
+    // Only the targets this check then takes: NVRTC 13 still lists sm_75, which it refuses below.
     std::vector<std::string> names;
-    for (int s : supported) names.push_back(absl::StrCat("sm_", s));
-    return bad(absl::StrCat("NVRTC ", NvrtcVersionString(), " cannot target it; it supports ",
-                            absl::StrJoin(names, ", ")));
+    for (int s : supported) {
+      if (s >= 80) names.push_back(absl::StrCat("sm_", s));
+    }
+    return bad(
+        absl::StrCat("NVRTC ", NvrtcVersionString(),
+                     " cannot target it; of the kernels' targets (sm_80 or later) it supports ",
+                     absl::StrJoin(names, ", ")));
   }
   if (number < 80) {
     // The kernels use bf16 mma.sync, which needs sm_80 or later.
