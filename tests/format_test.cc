@@ -353,6 +353,134 @@ TEST(Format, ReferenceGemvOnPackedForm) {
   }
 }
 
+// The exact sum of BF16 and FP32 values, as a multiple of 2^-149 (FP32's least subnormal) in
+// base-2^32 digits (values below 2^128: 277 bits).
+class ExactSum {
+ public:
+  void Add(uint32_t fp32_bits, int sign) {
+    const uint32_t e = (fp32_bits >> 23) & 0xFF, m = fp32_bits & 0x7FFFFF;
+    if (e == 0xFF) {
+      finite_ = false;
+      return;
+    }
+    if (fp32_bits >> 31) sign = -sign;
+    const int shift = e == 0 ? 0 : static_cast<int>(e) - 1;  // value = mantissa * 2^(shift - 149)
+    const uint64_t v = static_cast<uint64_t>(e == 0 ? m : (m | 0x800000u)) << (shift % 32);
+    digits_[shift / 32] += sign * static_cast<int64_t>(v & 0xFFFFFFFFu);
+    digits_[shift / 32 + 1] += sign * static_cast<int64_t>(v >> 32);
+  }
+  bool IsZero() const {
+    int64_t carry = 0;
+    for (int64_t d : digits_) {
+      const int64_t t = d + carry, low = t & 0xFFFFFFFF;
+      if (low != 0) return false;
+      carry = (t - low) >> 32;
+    }
+    return finite_ && carry == 0;
+  }
+
+ private:
+  int64_t digits_[10] = {};
+  bool finite_ = true;
+};
+
+// Every finite BF16 value (65280, -0.0, subnormals and the largest included) under every window
+// base (0..120): Unpack restores it bit for bit, and, as the kernel computes it, its decoded
+// value plus its FP32 correction entries is the original EXACTLY, in real arithmetic: the kernel
+// multiplies the decoded value and each entry by x separately, so a correction short of exact
+// (a residual dropped or rounded) makes it multiply a weight that is not the matrix's, while
+// Unpack, which rounds the sum to BF16, still restores it. The other weights of each matrix hold
+// the window at base (e7 base and base + 7); each row takes test weights up to K/8 outside the
+// window and 16 entries, so that no row is dense: every correction is an entry.
+TEST(Format, EveryFiniteWeightUnderEveryWindowIsRestoredExactly) {
+  const int64_t cols = 128;
+  std::vector<uint16_t> finite;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    if ((b & 0x7F80) != 0x7F80) finite.push_back(static_cast<uint16_t>(b));
+  }
+  ASSERT_EQ(finite.size(), 65280u);
+  int64_t entries = 0, two_entry_weights = 0;
+  for (int base = 0; base <= 120; ++base) {
+    SCOPED_TRACE(::testing::Message() << "window base " << base);
+    // Rows of at most 16 test weights, at most cols / 8 outside the window and 16 entries. A
+    // weight outside needs one entry when its difference to the decoded value spans at most 24
+    // bits, as when the two normal exponents are at most 16 apart (e7 at most 8), or when a
+    // subnormal's decoded exponent is at most 15; else it is counted as two.
+    std::vector<std::pair<size_t, size_t>> rows_of_tests;  // [begin, end) of `finite`
+    size_t begin = 0;
+    int64_t row_entries = 0;
+    for (size_t i = 0; i < finite.size(); ++i) {
+      const uint16_t b = finite[i];
+      const int e7 = (b >> 8) & 0x7F, dec_e7 = std::clamp(e7, base, base + 7);
+      const bool subnormal = (b & 0x7F80) == 0;
+      const int64_t n = internal::InWindow(b, base)                                     ? 0
+                        : (std::abs(e7 - dec_e7) > 8 || (subnormal && 2 * dec_e7 > 15)) ? 2
+                                                                                        : 1;
+      if (i - begin == 16 || row_entries + n > kMaxRowEntries) {
+        rows_of_tests.emplace_back(begin, i);
+        begin = i;
+        row_entries = 0;
+      }
+      row_entries += n;
+    }
+    rows_of_tests.emplace_back(begin, finite.size());
+    const int64_t rows = (static_cast<int64_t>(rows_of_tests.size()) + 15) / 16 * 16;
+    std::vector<uint16_t> w(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        // e7 base or base + 7, either sign; a low byte below 0x80 (finite at e7 127)
+        const int e7 = base + 7 * static_cast<int>((r + c) % 2);
+        w[r * cols + c] =
+            static_cast<uint16_t>((r + 3 * c) % 2 << 15 | e7 << 8 | ((5 * c + r) & 0x7F));
+      }
+    }
+    for (size_t r = 0; r < rows_of_tests.size(); ++r) {
+      for (size_t j = 0; j < rows_of_tests[r].second - rows_of_tests[r].first; ++j) {
+        // spread over fragments and lanes
+        w[r * cols + j * 8 + (r + j) % 8] = finite[rows_of_tests[r].first + j];
+      }
+    }
+    PackOptions options;
+    options.threads = base % 8 == 0 ? 1 : 0;
+    auto p = Pack(w.data(), rows, cols, options);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->base, base);
+    ASSERT_EQ(p->stats.dense_rows, 0);
+    auto back = Unpack(*p);  // ValidatePacked first
+    ASSERT_TRUE(back.ok()) << back.status();
+    if (*back != w) {
+      for (size_t i = 0; i < w.size(); ++i) {
+        ASSERT_EQ((*back)[i], w[i])
+            << "BF16 0x" << std::hex << w[i] << " restored as 0x" << (*back)[i];
+      }
+    }
+    // The kernel's view of each corrected weight: decoded (what decz makes, as in
+    // EmulatedDecoderMatchesLayout) + its entries == original.
+    for (int64_t r = 0; r < rows; ++r) {
+      for (uint32_t e = p->row_offsets[r]; e < p->row_offsets[r + 1];) {
+        const int32_t c = p->entries[e].col;
+        const uint16_t orig = w[r * cols + c];
+        const uint16_t dec = static_cast<uint16_t>(
+            (orig & 0x80FF) | (base + std::clamp(((orig >> 8) & 0x7F) - base, 0, 7)) << 8);
+        ExactSum sum;
+        sum.Add(static_cast<uint32_t>(dec) << 16, 1);
+        sum.Add(static_cast<uint32_t>(orig) << 16, -1);
+        int n = 0;
+        for (; e < p->row_offsets[r + 1] && p->entries[e].col == c; ++e, ++n) {
+          sum.Add(p->entries[e].value_bits, 1);
+        }
+        ASSERT_TRUE(sum.IsZero()) << "BF16 0x" << std::hex << orig << ": decoded 0x" << dec
+                                  << " plus its " << n << " entries is not it exactly";
+        ASSERT_LE(n, 2);
+        entries += n;
+        two_entry_weights += n == 2;
+      }
+    }
+  }
+  EXPECT_GT(two_entry_weights, 0);
+  EXPECT_GT(entries, 121 * 60000);
+}
+
 // A row keeps its corrections as a list up to kMaxRowEntries entries; one more and it is dense
 // (computed by a CTA of its own), so that no row's list holds the kernel back. Weights of one
 // binade, all inside the window, so that every entry is one the test put there: outliers just
