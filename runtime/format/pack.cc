@@ -21,6 +21,7 @@ namespace gemvz {
 namespace {
 
 using internal::CodeWordOffset;
+using internal::DecodedBits;
 using internal::GroupSlots;
 using internal::kSignBit;
 using internal::LowByteOffset;
@@ -355,10 +356,7 @@ void UnpackValidated(const PackedMatrix& p, uint16_t* out) {
             std::memcpy(&q, grp + CodeWordOffset(f, lane), 4);
             for (int i = 0; i < 8; ++i) {
               const auto s = slots[f][lane][i];
-              const uint32_t code = (q >> (4 * i)) & 7;
-              const uint32_t sign = (q >> kSignBit[i]) & 1;
-              dst[s.row * cols + s.col] = static_cast<uint16_t>(
-                  (sign << 15) | ((p.base + code) << 8) | grp[LowByteOffset(f, lane, i)]);
+              dst[s.row * cols + s.col] = DecodedBits(grp, q, p.base, f, lane, i);
             }
           }
         }

@@ -349,9 +349,7 @@ uint16_t DecodedWeight(const PackedMatrix& p, int64_t row, int64_t col) {
   const WeightSlot s = WeightSlots()[row % kRowBlock][col % kColGroup];
   uint32_t q;
   std::memcpy(&q, grp + internal::CodeWordOffset(s.f, s.lane), 4);
-  const uint32_t code = (q >> (4 * s.i)) & 7, sign = (q >> internal::kSignBit[s.i]) & 1;
-  return static_cast<uint16_t>((sign << 15) | ((static_cast<uint32_t>(p.base) + code) << 8) |
-                               grp[internal::LowByteOffset(s.f, s.lane, s.i)]);
+  return internal::DecodedBits(grp, q, p.base, s.f, s.lane, s.i);
 }
 
 }  // namespace
@@ -510,16 +508,15 @@ absl::Status ValidatePacked(const PackedMatrix& p) {
           uint32_t q;
           std::memcpy(&q, grp + internal::CodeWordOffset(f, lane), 4);
           for (int i = 0; i < 8; ++i) {
-            if (((q >> (4 * i)) & 7) != 7 || grp[internal::LowByteOffset(f, lane, i)] < 0x80) {
-              continue;
-            }
+            const uint16_t bits = internal::DecodedBits(grp, q, p.base, f, lane, i);
+            if (FiniteBf16Bits(bits)) continue;
             const int64_t row = g / ngroups * kRowBlock + slots[f][lane][i].row;
             const int64_t col = g % ngroups * kColGroup + slots[f][lane][i].col;
             if (dense[row]) continue;
             return invalid(absl::StrFormat(
                 "row %d col %d decodes to a non-finite BF16 (bits %04x: window base 120's top "
                 "value with a low byte of 0x80 or more) in a row that is not dense",
-                row, col, DecodedWeight(p, row, col)));
+                row, col, bits));
           }
         }
       }

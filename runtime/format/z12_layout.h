@@ -28,6 +28,14 @@ inline int CodeWordOffset(int f, int lane) { return 2 * 512 + lane * 16 + f * 4;
 // Bit that holds the sign of value i inside a code word (the code sits at bits 4i..4i+2).
 inline constexpr int kSignBit[8] = {7, 15, 23, 31, 3, 11, 19, 27};
 
+// The BF16 bits the decoder produces for value i of (fragment f, lane), given that lane's code
+// word `q` (at CodeWordOffset) and the group's bytes: sign, window base + code, low byte.
+inline uint16_t DecodedBits(const uint8_t* group, uint32_t q, int base, int f, int lane, int i) {
+  const uint32_t code = (q >> (4 * i)) & 7, sign = (q >> kSignBit[i]) & 1;
+  return static_cast<uint16_t>((sign << 15) | ((static_cast<uint32_t>(base) + code) << 8) |
+                               group[LowByteOffset(f, lane, i)]);
+}
+
 // prmt.b32 d, a, b, sel (default mode), from the PTX ISA definition.
 uint32_t EmulatePrmt(uint32_t a, uint32_t b, uint32_t sel);
 // lop3.b32 d, a, b, c, lut, from the PTX ISA definition.
