@@ -117,6 +117,24 @@ TEST(GemvOptions, PdlFromTheEnvironment) {  // no GPU needed
   EXPECT_NE(bad.status().message().find("'yes please'"), std::string::npos);
 }
 
+// A dense row's CTA comes on top of the row blocks' (RB 1: one each), so an upload whose grid
+// could pass the x limit is refused, naming it; one at the limit is not. No GPU needed.
+TEST(GemvOptions, DenseRowsCountAgainstTheGridLimit) {
+  DeviceLimits limits = DefaultDeviceLimits();
+  limits.max_grid_x = 1000;
+  EXPECT_TRUE(internal::CheckDenseRowGrid(16 * 990, 10, limits).ok());
+  const absl::Status st = internal::CheckDenseRowGrid(16 * 990, 11, limits);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("grid's x limit (1000)"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("11 dense rows"), std::string::npos) << st.message();
+  // The H200's limit: the largest packable matrix (2^31 - 16 rows), every row dense, is refused.
+  EXPECT_FALSE(
+      internal::CheckDenseRowGrid(int64_t{2147483632}, int64_t{2147483632}, DefaultDeviceLimits())
+          .ok());
+  EXPECT_TRUE(internal::CheckDenseRowGrid(int64_t{2147483632}, 0, DefaultDeviceLimits()).ok());
+}
+
 // Without a GPU (CI) the workspace calls say why they cannot run rather than crash; with one, a
 // device that does not exist is an error too.
 TEST(GemvOptions, WorkspaceCallsWithoutADevice) {

@@ -82,6 +82,16 @@ absl::StatusOr<DeviceInfo> GetDeviceInfo(int device) {
   return front->FindOrAsk(device, [device] { return QueriedDeviceInfo(device); });
 }
 
+absl::Status CheckDenseRowGrid(int64_t rows, int64_t n_dense, const DeviceLimits& limits) {
+  if (rows / kRowBlock + n_dense > limits.max_grid_x) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot upload a ", rows, "-row matrix with ", n_dense, " dense rows: its ",
+        rows / kRowBlock, " row blocks and one CTA a dense row exceed the grid's x limit (",
+        limits.max_grid_x, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<WeightOrder> ResolveOrder(const std::optional<WeightOrder>& requested,
                                          const std::string& arch, int64_t rows, int64_t cols,
                                          const std::string& device) {
@@ -150,6 +160,8 @@ absl::StatusOr<DeviceMatrix> DeviceMatrix::Upload(const PackedMatrix& packed, in
                                                   const UploadOptions& options) {
   RETURN_IF_ERROR(ValidatePacked(packed));
   ASSIGN_OR_RETURN(auto info, internal::GetDeviceInfo(device));
+  RETURN_IF_ERROR(internal::CheckDenseRowGrid(
+      packed.rows, static_cast<int64_t>(packed.dense_rows.size()), info.limits));
   ASSIGN_OR_RETURN(
       const WeightOrder order,
       internal::ResolveOrder(options.order, info.arch, packed.rows, packed.cols, info.name));

@@ -54,6 +54,12 @@ Z12Params Z12MatrixParams(const DeviceMatrixState& s);
 // Queried once per device.
 absl::StatusOr<DeviceInfo> GetDeviceInfo(int device);
 
+// A 12-bit matrix of `rows` rows with `n_dense` dense rows launches up to rows/16 + n_dense CTAs
+// a K slice (RB 1: every row block's CTA, then one a dense row), which must fit the grid's x
+// limit; Validate checks the row blocks alone, since a shape has no dense rows. Upload asks, so
+// that every configuration Validate passes can launch the matrix.
+absl::Status CheckDenseRowGrid(int64_t rows, int64_t n_dense, const DeviceLimits& limits);
+
 // UploadOptions::order's rule: `requested` if set, else GEMVZ_WEIGHT_ORDER (block or group; auto
 // or unset defers to the next rule), else PreferredOrder(arch, rows, cols, device). An error
 // names a bad GEMVZ_WEIGHT_ORDER.
