@@ -365,15 +365,9 @@ void UnpackValidated(const PackedMatrix& p, uint16_t* out) {
       for (int r = 0; r < kRowBlock; ++r) {
         const int64_t row = rb * kRowBlock + r;
         uint16_t* dst = out + row * cols;
-        for (uint32_t e = p.row_offsets[row]; e < p.row_offsets[row + 1];) {
-          const int32_t c = p.entries[e].col;
-          uint32_t vals[2];
-          int n = 0;
-          while (e < p.row_offsets[row + 1] && p.entries[e].col == c && n < 2) {
-            vals[n++] = p.entries[e++].value_bits;
-          }
+        internal::ForEachCorrectedWeight(p, row, [&](int32_t c, const uint32_t* vals, int n) {
           dst[c] = Reconstruct(dst[c], vals, n, dst[c] >> 15);
-        }
+        });
       }
       for (uint32_t d = p.dense_block_offsets[rb]; d < p.dense_block_offsets[rb + 1]; ++d) {
         std::memcpy(out + (rb * kRowBlock + p.dense_rows[d]) * cols,

@@ -527,20 +527,18 @@ absl::Status ValidatePacked(const PackedMatrix& p) {
   // range with the decoded value (two entries of FLT_MAX), and then the matrix holds an Inf weight,
   // which Pack never writes, and the kernel adds value * x to a row that it should not.
   for (int64_t r = 0; r < rows; ++r) {
-    for (uint32_t e = p.row_offsets[r], e1 = p.row_offsets[r + 1]; e < e1;) {
-      const int32_t c = p.entries[e].col;
-      uint32_t vals[2];
-      int n = 0;
-      while (e < e1 && p.entries[e].col == c) vals[n++] = p.entries[e++].value_bits;  // n <= 2
+    absl::Status st;
+    internal::ForEachCorrectedWeight(p, r, [&](int32_t c, const uint32_t* vals, int n) {
       const uint16_t dec = DecodedWeight(p, r, c);
       const uint16_t w = internal::RestoredWeight(dec, vals, n);
-      if (!FiniteBf16Bits(w)) {
-        return invalid(absl::StrFormat(
+      if (st.ok() && !FiniteBf16Bits(w)) {
+        st = invalid(absl::StrFormat(
             "row %d col %d: its %d correction entries restore a non-finite weight (BF16 bits "
             "%04x from decoded %04x); a weight and its corrections must restore a finite BF16",
             r, c, n, w, dec));
       }
-    }
+    });
+    RETURN_IF_ERROR(st);
   }
   return absl::OkStatus();
 }

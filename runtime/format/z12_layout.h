@@ -57,6 +57,21 @@ inline bool InWindow(uint16_t bits, int base) {
   return e7 >= base && e7 < base + 8;
 }
 
+// Calls fn(col, values, n) for each corrected weight of `row`, in column order: the run of its
+// entries with one column, n = 1 or 2 values (a third in the run starts another call;
+// ValidatePacked refuses three). `p`'s row offsets and entries must be in range (ValidatePacked
+// checks them first).
+template <class Fn>
+void ForEachCorrectedWeight(const PackedMatrix& p, int64_t row, Fn&& fn) {
+  for (uint32_t e = p.row_offsets[row], e1 = p.row_offsets[row + 1]; e < e1;) {
+    const int32_t col = p.entries[e].col;
+    uint32_t values[2];
+    int n = 0;
+    while (e < e1 && p.entries[e].col == col && n < 2) values[n++] = p.entries[e++].value_bits;
+    fn(col, values, n);
+  }
+}
+
 // The weight Unpack restores from its decoded bits and its n (1 or 2) correction values.
 uint16_t RestoredWeight(uint16_t decoded, const uint32_t* values, int n);
 
