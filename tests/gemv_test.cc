@@ -2135,6 +2135,28 @@ TEST(Gemv, ForcedByEnvironment) {
   EXPECT_EQ(plan->config.ToString(), "z12.nw2.ug4.nb1.pipe1.s2");
 }
 
+// GEMVZ_ARCH is read at every DeviceArch (a warm-up may go from one target to the next by changing
+// it), but a device's GEMVs keep the architecture of the device's first use: their plans were
+// chosen for it, and a kernel first loaded after the change is built for it too. (The load read
+// GEMVZ_ARCH again: after GEMVZ_ARCH=sm_80 on an H200 every new kernel failed to load.)
+TEST(Gemv, AChangedGemvzArchLeavesTheDevicesGemvsOnTheirArchitecture) {
+  GEMVZ_REQUIRE_GPU();
+  const int64_t n = 256, k = 2048;
+  const Problem p = Problem::Make(n, k, MixedWeights(n, k, 11));  // the device's first use
+  const absl::StatusOr<std::string> arch = internal::DeviceArch(0);
+  ASSERT_TRUE(arch.ok()) << arch.status();
+  const std::string other = *arch == "sm_80" ? "sm_90" : "sm_80";
+  // A kernel nothing in this process has loaded yet.
+  const KernelConfig config = KernelConfig::Parse("z12.nw2.ug1.nb1.pipe6.s1").value();
+  ASSERT_TRUE(Validate(config, GemvShape{1, n, k}).ok());
+  jit_test::ScopedEnv env("GEMVZ_ARCH", other);
+  ASSERT_EQ(internal::DeviceArch(0).value_or(""), other);  // what a warm-up now targets
+  EXPECT_EQ(p.Check(1, GemvOptions{config}, 5), "");
+  auto loaded = internal::GetKernel(0, config);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->compiled->arch, *arch);
+}
+
 }  // namespace
 }  // namespace gemvz
 

@@ -66,7 +66,7 @@ absl::StatusOr<DeviceInfo> QueriedDeviceInfo(int device) {
         "device ", device, " has compute capability ", info.limits.cc_major, ".",
         info.limits.cc_minor, "; the kernels need BF16 tensor cores (8.0 or newer)"));
   }
-  ASSIGN_OR_RETURN(info.arch, DeviceArch(device));
+  ASSIGN_OR_RETURN(info.arch, LaunchArch(device));
   char name[256] = {0};
   CU_RETURN_IF_ERROR(cuDeviceGetName(name, sizeof(name), dev));
   info.name = name;

@@ -340,7 +340,7 @@ absl::StatusOr<LoadedKernel> KernelCache::LoadForConfig(int device, const Kernel
     if (auto it = loaded_configs_.find(id); it != loaded_configs_.end()) return it->second;
   }
   RETURN_IF_ERROR(ValidateConfig(config));
-  ASSIGN_OR_RETURN(const std::string arch, DeviceArch(device));
+  ASSIGN_OR_RETURN(const std::string arch, LaunchArch(device));
   ASSIGN_OR_RETURN(LoadedKernel loaded, Load(device, RequestForConfig(id.second, arch)));
   {
     ASSIGN_OR_RETURN(ScopedDeviceContext scope, ScopedDeviceContext::Enter(device));
@@ -429,6 +429,21 @@ absl::StatusOr<std::string> DeviceArch(int device) {
   absl::MutexLock lock(&mu);
   archs->emplace(device, arch);
   return arch;
+}
+
+absl::StatusOr<std::string> LaunchArch(int device) {
+  // NOTES: DeviceArch reads GEMVZ_ARCH at every call; a GEMV must not, or a device whose plans
+  // were chosen for one target would load later kernels built for another (and fail to load
+  // them, for sm_100 on an H200).
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* const pinned = new absl::flat_hash_map<int, std::string>();
+  {
+    absl::MutexLock lock(&mu);
+    if (auto it = pinned->find(device); it != pinned->end()) return it->second;
+  }
+  ASSIGN_OR_RETURN(std::string arch, DeviceArch(device));
+  absl::MutexLock lock(&mu);
+  return pinned->emplace(device, std::move(arch)).first->second;  // a racing first call's wins
 }
 
 absl::StatusOr<std::string> DefaultArch(int device) {

@@ -58,16 +58,22 @@ struct LoadedKernel {
 
 // The architecture NVRTC targets for `device`: GEMVZ_ARCH when set (checked, read at every call),
 // else "sm_<major><minor>" as the device reports it ("sm_90" on an H200; cached per device).
-// A device's GEMVs keep the value read at its first use (GetDeviceInfo caches it).
+// A device's GEMVs keep the value read at its first use (LaunchArch).
 absl::StatusOr<std::string> DeviceArch(int device);
+
+// The architecture a device's GEMVs compile and load their kernels for: DeviceArch's answer at
+// the device's first call here, kept for the process. GetDeviceInfo takes it too, so the
+// dispatcher's choice (tuned for info.arch) and the kernel GetKernel loads agree even when
+// GEMVZ_ARCH changes later (a warm-up going from one target to the next).
+absl::StatusOr<std::string> LaunchArch(int device);
 
 // The architecture to compile for when none is named: GEMVZ_ARCH when set (checked), else
 // `device`'s when a GPU is visible, else sm_90 (the H200 this library targets), so that a machine
 // without a GPU warms a cache for one. What the tools' --arch and Precompile("") default to.
 absl::StatusOr<std::string> DefaultArch(int device);
 
-// Compiles or fetches the kernel for the device's architecture and loads it there. Cached per
-// (device, key): the second call costs a hash lookup.
+// Compiles or fetches the kernel for the device's architecture (LaunchArch) and loads it there.
+// Cached per (device, key): the second call costs a hash lookup.
 absl::StatusOr<LoadedKernel> GetKernel(int device, const KernelConfig& config);
 
 // A configuration's loaded function and its occupancy: what a launch needs, without the reference
