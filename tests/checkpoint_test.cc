@@ -861,6 +861,76 @@ TEST(CheckpointTest, OpeningChecksVersionsDuplicatesAndExactNames) {
   }
 }
 
+// A *.safetensors entry of a checkpoint directory that is not a file (a directory, a FIFO, a
+// socket, a link whose target is gone, as an unfinished download leaves in a cache of links) is
+// refused, named with what it is, before anything is opened: skipped, the checkpoint would open
+// without that shard's tensors. A FIFO is not waited on. A link to a file is read as the file; so
+// is a link to a packed checkpoint's file. The packer names such an input the same way.
+TEST(CheckpointTest, AnEntryThatIsNoFileIsRefusedNamedAndALinkToAFileRead) {
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, FreshSeed()));
+  WriteCheckpoint(dir + "/blob", {{"w", "BF16", {16, 64}, m, false, ""}});
+  const struct {
+    const char* kind;
+    std::function<int(const std::string&)> make;
+  } cases[] = {
+      {"a directory", [](const std::string& p) { return ::mkdir(p.c_str(), 0755); }},
+      {"a FIFO", [](const std::string& p) { return ::mkfifo(p.c_str(), 0644); }},
+      {"a symbolic link to 'gone', which does not exist",
+       [](const std::string& p) { return ::symlink("gone", p.c_str()); }},
+      {"a symbolic link to 'ab\\x1b[2J', which does not exist",
+       [](const std::string& p) { return ::symlink("ab\x1b[2J", p.c_str()); }},
+  };
+  int n = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.kind);
+    const std::string ckpt = dir + "/c" + std::to_string(n++);
+    ASSERT_EQ(::mkdir(ckpt.c_str(), 0755), 0);
+    ASSERT_EQ(::symlink((dir + "/blob").c_str(), (ckpt + "/a.safetensors").c_str()), 0);
+    const std::string bad = ckpt + "/model-2.safetensors";
+    ASSERT_EQ(c.make(bad), 0) << std::strerror(errno);
+    absl::Status st;
+    ASSERT_TRUE(::gemvz::testing::ReturnsWithoutAWriter(bad, [&] {
+      st = PackedCheckpoint::Open(ckpt).status();
+    })) << "waited for a writer";
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find("checkpoint directory '" + ckpt +
+                                "': its entry 'model-2.safetensors' is " + c.kind + ":"),
+              std::string::npos)
+        << st;
+    EXPECT_EQ(st.message().find('\x1b'), std::string::npos) << "a link's target quoted raw";
+    // Given as an input to pack, the same entry is named the same way.
+    absl::StatusOr<CheckpointPackReport> r = PackCheckpoint({bad}, dir + "/out");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(
+        r.status().message().find("safetensors file '" + bad + "': not a regular file: " + c.kind),
+        std::string::npos)
+        << r.status();
+    EXPECT_FALSE(Exists(dir + "/out"));
+    ASSERT_EQ(::remove(bad.c_str()), 0);
+    // Without it, the link to a file reads as the file.
+    absl::StatusOr<PackedCheckpoint> ok = PackedCheckpoint::Open(ckpt);
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    absl::StatusOr<std::vector<uint16_t>> w = ok->GetBf16("w");
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(Bf16Bytes(*w), m);
+  }
+  // A link to a packed file, as a cache of links holds one, opens packed.
+  absl::StatusOr<CheckpointPackReport> r = PackCheckpoint({dir + "/c0/a.safetensors"}, dir + "/p");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(::mkdir((dir + "/links").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink((dir + "/p/a.safetensors").c_str(), (dir + "/links/x.safetensors").c_str()),
+            0);
+  absl::StatusOr<PackedCheckpoint> p = PackedCheckpoint::Open(dir + "/links");
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<TensorInfo> info = p->Info("w");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->packed);
+  absl::StatusOr<std::vector<uint16_t>> w = p->GetBf16("w");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(Bf16Bytes(*w), m);
+}
+
 // A checkpoint of more shards than the process may hold open descriptors (ulimit -n, 1024 by
 // default, against models of hundreds of shards and a server opening several) packs and opens:
 // a mapped file needs no descriptor once it is mapped.

@@ -50,7 +50,9 @@ struct TensorView {
 class PackedCheckpoint {
  public:
   // `path`: a directory (every *.safetensors in it) or one .safetensors file. Plain safetensors
-  // files open too: all their tensors are then unpacked ones.
+  // files open too: all their tensors are then unpacked ones. Links are followed; a *.safetensors
+  // entry that is not a file (a directory, a FIFO, a link whose target is gone) is an error
+  // (FailedPrecondition) that names it, never skipped: the checkpoint would lack its tensors.
   static absl::StatusOr<PackedCheckpoint> Open(const std::string& path);
 
   PackedCheckpoint() = default;

@@ -62,6 +62,18 @@ absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& path
     return absl::NotFoundError(
         absl::StrCat("checkpoint directory '", path, "' holds no .safetensors file"));
   }
+  // Every *.safetensors entry is a shard: one that is not a file (a directory, a FIFO, a link
+  // whose target is gone, as a download left unfinished leaves in a cache of links) is refused,
+  // named, before anything is opened. Skipping it would open the checkpoint without its tensors.
+  for (const std::string& f : files) {
+    if (const std::string kind = NotARegularFile(f); !kind.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint directory '", path, "': its entry '", Escaped(f.substr(path.size() + 1)),
+          "' is ", kind,
+          ": every *.safetensors entry of a checkpoint directory is read as one of its files, so "
+          "remove or rename it (or put the missing file in its place); nothing was opened"));
+    }
+  }
   return files;
 }
 

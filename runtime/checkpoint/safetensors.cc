@@ -51,6 +51,30 @@ bool GetUnsigned(const Json& j, uint64_t* out) {
 
 }  // namespace
 
+std::string NotARegularFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISREG(st.st_mode)) return "";
+    if (S_ISDIR(st.st_mode)) return "a directory";
+    if (S_ISFIFO(st.st_mode)) return "a FIFO";
+    if (S_ISSOCK(st.st_mode)) return "a socket";
+    if (S_ISCHR(st.st_mode)) return "a character device";
+    if (S_ISBLK(st.st_mode)) return "a block device";
+    return "not a regular file";
+  }
+  const int e = errno;
+  struct stat link;
+  if (e == ENOENT && ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    char target[4096];
+    const ssize_t n = ::readlink(path.c_str(), target, sizeof(target));
+    return absl::StrCat("a symbolic link to '",
+                        n > 0 ? Escaped(std::string_view(target, static_cast<size_t>(n))) : "?",
+                        "', which does not exist");
+  }
+  errno = e;
+  return "";
+}
+
 absl::StatusOr<int> SafetensorsDtypeSize(const std::string& dtype) {
   for (const DtypeInfo& d : kDtypes) {
     if (dtype == d.name) return d.size;
@@ -122,9 +146,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     return absl::InvalidArgumentError(absl::StrCat(where, ", tensor '", Escaped(name), "': ", msg));
   };
 
+  // Looked at before it is opened: a device is not opened at all, and a link that leads nowhere
+  // is said to be one (open would only say "No such file or directory").
+  if (const std::string kind = NotARegularFile(path); !kind.empty()) {
+    return fail(absl::StrCat("not a regular file: ", kind));
+  }
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer (fstat refuses it).
+  // O_NONBLOCK: a FIFO put in the file's place since must not wait for a writer (fstat refuses
+  // it).
   f->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (f->fd_ < 0) return ErrnoStatus(absl::StrCat("cannot open ", where));
   struct stat st;
