@@ -660,6 +660,31 @@ TEST_F(CliTest, ConfigurationListsOfNoEndAreRefusedNotReadUntilMemoryRunsOut) {
   EXPECT_CONTAINS(tune.err, "--space: '/dev/zero' holds more than 16777216 bytes");
 }
 
+// A --configs file may be a pipe, read as `cat` reads one: a FIFO whose writer comes later is
+// waited for (open blocks until a writer opens it, as it must for the writer to be found; Ctrl-C
+// or SIGTERM ends the wait), and /dev/stdin on a pipe (`<(...)` in bash names one as
+// /dev/fd/63) is read even once its writer is gone. Opened without waiting (O_NONBLOCK), the
+// FIFO would read as empty: "no configurations in it".
+TEST_F(CliTest, ConfigurationListsAreReadFromPipesAndFifos) {
+  const Result fifo =
+      Run({"warmup", "--arch=sm_90", "--configs=c.fifo"},
+          // The writer gives up after a while, and holds none of the test's output open: were
+          // the FIFO read as empty, nothing would ever open it for reading.
+          "mkfifo c.fifo && { (sleep 1; exec timeout 20 sh -c \"printf 'z12.nw4.ug1.nb1.pipe0\\n' "
+          "> c.fifo\") < /dev/null > /dev/null 2>&1 & }");
+  EXPECT_EQ(fifo.rc, 0) << fifo.out << fifo.err;
+  EXPECT_CONTAINS(fifo.out, "z12.nw4.ug1.nb1.pipe0");
+  std::string cmd =
+      absl::StrCat("cd ", Quote(dir_), " && printf 'z12.nw4.ug1.nb1.pipe0\\n' | { sleep 1; env");
+  for (const auto& [k, v] : env_) absl::StrAppend(&cmd, " ", k, "=", Quote(v));
+  absl::StrAppend(&cmd, " ", Quote(GEMVZ_TOOL_PATH),
+                  " warmup --arch=sm_90 --configs=/dev/stdin > stdout 2> stderr; }");
+  const int status = std::system(cmd.c_str());
+  const std::string out = ReadAll(dir_ + "/stdout"), err = ReadAll(dir_ + "/stderr");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << out << err;
+  EXPECT_CONTAINS(out, "z12.nw4.ug1.nb1.pipe0");
+}
+
 // Standard input that cannot be read (a directory) is named with the reason, not taken for an
 // empty list.
 TEST_F(CliTest, UnreadableStandardInputSaysWhy) {
