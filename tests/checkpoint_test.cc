@@ -4,6 +4,7 @@
 #include "gemvz/checkpoint.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -41,6 +43,23 @@
 #include "tests/support/gpu_util.h"
 #include "tests/support/random_weights.h"
 #include "tests/support/temp_files.h"
+
+// Fault injection: readdir fails with `g_readdir_error` once `g_readdir_entries_left` entries
+// (of any listing) have been read; -1, the default, never. The library, linked statically,
+// calls this one.
+std::atomic<int> g_readdir_entries_left{-1};
+std::atomic<int> g_readdir_error{0};
+extern "C" struct dirent* readdir(DIR* d) {
+  static const auto real = reinterpret_cast<struct dirent* (*)(DIR*)>(dlsym(RTLD_NEXT, "readdir"));
+  int left = g_readdir_entries_left.load();
+  while (left > 0 && !g_readdir_entries_left.compare_exchange_weak(left, left - 1)) {
+  }
+  if (left == 0) {
+    errno = g_readdir_error.load();
+    return nullptr;
+  }
+  return real(d);
+}
 
 namespace gemvz {
 namespace {
@@ -929,6 +948,38 @@ TEST(CheckpointTest, AnEntryThatIsNoFileIsRefusedNamedAndALinkToAFileRead) {
   absl::StatusOr<std::vector<uint16_t>> w = p->GetBf16("w");
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(Bf16Bytes(*w), m);
+}
+
+// A directory listing that fails part way (EIO from a network or FUSE file system) is an error
+// naming the directory, not the end of the listing: the checkpoint would open without the
+// shards not yet listed, and their tensors would be "not in the checkpoint".
+TEST(CheckpointTest, AListingThatFailsPartWayIsAnErrorNotTheEnd) {
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, FreshSeed()));
+  WriteCheckpoint(dir + "/a.safetensors", {{"a", "BF16", {16, 64}, m, false, ""}});
+  WriteCheckpoint(dir + "/b.safetensors", {{"b", "BF16", {16, 64}, m, false, ""}});
+  absl::StatusOr<PackedCheckpoint> whole = PackedCheckpoint::Open(dir);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->tensors().size(), 2u);
+  // ".", ".." and the two files: failing after each of the first three entries.
+  for (int read = 0; read < 4; ++read) {
+    SCOPED_TRACE(absl::StrCat("fails after ", read, " entries"));
+    g_readdir_error = EIO;
+    g_readdir_entries_left = read;
+    absl::StatusOr<PackedCheckpoint> c = PackedCheckpoint::Open(dir);
+    g_readdir_entries_left = -1;
+    ASSERT_FALSE(c.ok()) << "opened with " << c->tensors().size() << " of 2 tensors";
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
+    EXPECT_NE(c.status().message().find("cannot list checkpoint directory '" + dir +
+                                        "': " + std::strerror(EIO)),
+              std::string::npos)
+        << c.status();
+  }
+  // The end of a listing leaves errno as it was: an error left there before is not the listing's.
+  errno = EIO;
+  absl::StatusOr<PackedCheckpoint> c = PackedCheckpoint::Open(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->tensors().size(), 2u);
 }
 
 // A checkpoint of more shards than the process may hold open descriptors (ulimit -n, 1024 by

@@ -52,11 +52,25 @@ absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& path
     return absl::PermissionDeniedError(
         absl::StrCat("cannot list checkpoint directory '", path, "': ", std::strerror(errno)));
   }
-  while (dirent* e = ::readdir(d)) {
+  // A listing that fails part way (EIO on a network or FUSE file system) ends readdir as the end
+  // of the directory does, but with errno set: taken for the end, it would open the checkpoint
+  // without the shards not yet listed.
+  int list_errno = 0;
+  while (true) {
+    errno = 0;
+    const dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      list_errno = errno;
+      break;
+    }
     const std::string name = e->d_name;
     if (EndsWith(name, ".safetensors")) files.push_back(absl::StrCat(path, "/", name));
   }
   ::closedir(d);
+  if (list_errno != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot list checkpoint directory '", path, "': ", std::strerror(list_errno)));
+  }
   std::sort(files.begin(), files.end());
   if (files.empty()) {
     return absl::NotFoundError(
