@@ -4,7 +4,6 @@
 #include "gemvz/checkpoint.h"
 
 #include <dirent.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
@@ -40,26 +39,10 @@
 #include "runtime/checkpoint/packed_tensor.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/cuda/driver.h"
+#include "tests/support/fail_readdir.h"
 #include "tests/support/gpu_util.h"
 #include "tests/support/random_weights.h"
 #include "tests/support/temp_files.h"
-
-// Fault injection: readdir fails with `g_readdir_error` once `g_readdir_entries_left` entries
-// (of any listing) have been read; -1, the default, never. The library, linked statically,
-// calls this one.
-std::atomic<int> g_readdir_entries_left{-1};
-std::atomic<int> g_readdir_error{0};
-extern "C" struct dirent* readdir(DIR* d) {
-  static const auto real = reinterpret_cast<struct dirent* (*)(DIR*)>(dlsym(RTLD_NEXT, "readdir"));
-  int left = g_readdir_entries_left.load();
-  while (left > 0 && !g_readdir_entries_left.compare_exchange_weak(left, left - 1)) {
-  }
-  if (left == 0) {
-    errno = g_readdir_error.load();
-    return nullptr;
-  }
-  return real(d);
-}
 
 namespace gemvz {
 namespace {

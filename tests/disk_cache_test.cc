@@ -9,8 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <limits>
 #include <memory>
@@ -24,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "runtime/common/file_util.h"
 #include "runtime/common/hash.h"
+#include "tests/support/fail_readdir.h"
 #include "tests/support/jit_test_util.h"
 
 namespace gemvz::internal {
@@ -457,6 +460,39 @@ TEST(DiskCacheTest, ListVerifyAndClear) {
   ASSERT_TRUE(cleared.ok());
   EXPECT_EQ(*cleared, 4);
   EXPECT_TRUE(cache.List(false)->empty());
+}
+
+// A listing that fails part way (EIO from a network file system) is an error naming the
+// directory, not the end of the listing: list and verify would pass entries they never read, and
+// clear would report success with entries left. The listing's last errno is not mistaken for one.
+TEST(DiskCacheTest, AListingThatFailsPartWayIsAnErrorNotTheEnd) {
+  TempDir dir;
+  DiskCache cache(dir.path());
+  std::vector<CompiledKernel> ks;
+  for (int i = 0; i < 3; ++i) {
+    ks.push_back(RandomKernel(200 + i));
+    ASSERT_TRUE(cache.Write(ks.back()).ok());
+  }
+  // ".", ".." and three entries: failing after each of the first four.
+  for (int read = 0; read < 5; ++read) {
+    SCOPED_TRACE(absl::StrCat("fails after ", read, " entries"));
+    g_readdir_error = EIO;
+    g_readdir_entries_left = read;
+    absl::StatusOr<std::vector<DiskEntryInfo>> list = cache.List(/*verify=*/true);
+    g_readdir_entries_left = read;
+    absl::StatusOr<int> cleared = cache.Clear();
+    g_readdir_entries_left = -1;
+    ASSERT_FALSE(list.ok()) << "listed " << list->size() << " of 3 entries";
+    EXPECT_EQ(list.status().code(), absl::StatusCode::kUnavailable) << list.status();
+    EXPECT_NE(list.status().message().find(std::strerror(EIO)), std::string::npos) << list.status();
+    ASSERT_FALSE(cleared.ok()) << "cleared " << *cleared << " of 3 entries";
+    EXPECT_EQ(cleared.status().code(), absl::StatusCode::kUnavailable) << cleared.status();
+    ASSERT_EQ(cache.List(false).value_or(std::vector<DiskEntryInfo>{}).size(), 3u);
+  }
+  errno = EIO;
+  absl::StatusOr<int> cleared = cache.Clear();
+  ASSERT_TRUE(cleared.ok()) << cleared.status();
+  EXPECT_EQ(*cleared, 3);
 }
 
 // What else may lie under an entry's name in a shared directory: a FIFO (which used to block the

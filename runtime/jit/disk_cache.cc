@@ -131,11 +131,25 @@ absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
     if (errno == ENOENT) return names;
     return absl::InternalError(absl::StrCat("cannot list '", dir, "': ", std::strerror(errno)));
   }
-  while (struct dirent* e = ::readdir(d)) {
+  // A listing that fails part way (EIO on a network file system) ends readdir as the end of the
+  // directory does, but with errno set: taken for the end, `cache clear` would report success
+  // with entries left, and `cache verify` would pass entries it never read.
+  int list_errno = 0;
+  while (true) {
+    errno = 0;
+    const struct dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      list_errno = errno;
+      break;
+    }
     if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
     names.emplace_back(e->d_name);
   }
   ::closedir(d);
+  if (list_errno != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot list '", dir, "': ", std::strerror(list_errno)));
+  }
   std::sort(names.begin(), names.end());
   return names;
 }
