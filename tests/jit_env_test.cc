@@ -1,12 +1,39 @@
 // Environment helpers: byte sizes with units, booleans, integers; malformed values warn and fall
 // back to the default.
+#include <dlfcn.h>
+#include <pwd.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "runtime/common/env.h"
 #include "tests/support/jit_test_util.h"
+
+// Fault injection: while g_pw_min_buffer is above 0, getpwuid_r answers as a password database
+// whose entry for any uid needs that many bytes of buffer: ERANGE below, home /home/long-entry at
+// or above. The library, linked statically into this binary, calls this one.
+std::atomic<size_t> g_pw_min_buffer{0};
+extern "C" int getpwuid_r(uid_t uid, struct passwd* pw, char* buf, size_t buflen,
+                          struct passwd** result) {
+  static const auto real =
+      reinterpret_cast<int (*)(uid_t, struct passwd*, char*, size_t, struct passwd**)>(
+          dlsym(RTLD_NEXT, "getpwuid_r"));
+  const size_t need = g_pw_min_buffer.load();
+  if (need == 0) return real(uid, pw, buf, buflen, result);
+  *result = nullptr;
+  if (buflen < need) return ERANGE;
+  std::memset(pw, 0, sizeof(*pw));
+  std::strcpy(buf, "/home/long-entry");
+  pw->pw_dir = buf;
+  *result = pw;
+  return 0;
+}
 
 namespace gemvz::internal {
 namespace {
@@ -140,6 +167,23 @@ TEST(EnvTest, HomeDirectory) {
     const std::string h = HomeDirectory();
     EXPECT_TRUE(h.empty() || h[0] == '/') << h;
   }
+}
+
+// An entry larger than sysconf's hint (1024 bytes on glibc: a long GECOS field, a directory
+// service's entry) answers ERANGE; the buffer grows until it fits, up to 1 MiB, rather than the
+// disk cache going off for want of a home directory.
+TEST(EnvTest, HomeDirectoryOfAnEntryPastTheBufferHint) {
+  ScopedEnv home("HOME", std::nullopt);
+  for (const size_t need : {size_t{1} << 12, size_t{1} << 16, size_t{1} << 20}) {
+    g_pw_min_buffer = need;
+    const std::string h = HomeDirectory();
+    g_pw_min_buffer = 0;
+    EXPECT_EQ(h, "/home/long-entry") << "an entry of " << need << " bytes";
+  }
+  g_pw_min_buffer = (size_t{1} << 20) + 1;  // past the cap: no home, no endless growth
+  const std::string h = HomeDirectory();
+  g_pw_min_buffer = 0;
+  EXPECT_EQ(h, "");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
@@ -122,13 +123,19 @@ int64_t GetEnvBytes(const char* name, int64_t default_value) {
 
 std::string HomeDirectory() {
   if (std::optional<std::string> home = GetEnv("HOME")) return *home;
-  // getpwuid_r: the reentrant form, since any thread may ask.
-  long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
-  std::vector<char> buf(size > 0 ? static_cast<size_t>(size) : 16384);
+  // getpwuid_r: the reentrant form, since any thread may ask. sysconf's size is a hint (1024 on
+  // glibc): an entry past it (a long GECOS field, a directory service's) answers ERANGE, and the
+  // buffer doubles, up to 1 MiB, rather than the disk cache going off for want of a home.
+  const long hint = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buf(hint > 0 ? static_cast<size_t>(hint) : 16384);
   struct passwd pw;
   struct passwd* result = nullptr;
-  if (::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &result) == 0 && result != nullptr &&
-      result->pw_dir != nullptr && result->pw_dir[0] != '\0') {
+  int err;
+  while ((err = ::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &result)) == ERANGE &&
+         buf.size() < (size_t{1} << 20)) {
+    buf.resize(buf.size() * 2);
+  }
+  if (err == 0 && result != nullptr && result->pw_dir != nullptr && result->pw_dir[0] != '\0') {
     return result->pw_dir;
   }
   return "";
