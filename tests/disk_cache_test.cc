@@ -432,14 +432,19 @@ TEST(DiskCacheTest, PruneEvictsLeastRecentlyUsedFirst) {
   EXPECT_EQ(size(4), -1);
 }
 
+// Writes `n` random kernels of cubin_bytes + 0, 1, ... bytes into `cache`, appended to `out`.
+void WriteKernels(DiskCache& cache, int n, size_t cubin_bytes, std::vector<CompiledKernel>* out) {
+  for (int i = 0; i < n; ++i) {
+    out->push_back(RandomKernel(cubin_bytes + i));
+    ASSERT_TRUE(cache.Write(out->back()).ok());
+  }
+}
+
 TEST(DiskCacheTest, ListVerifyAndClear) {
   TempDir dir;
   DiskCache cache(dir.path());
   std::vector<CompiledKernel> ks;
-  for (int i = 0; i < 4; ++i) {
-    ks.push_back(RandomKernel(100 + i));
-    ASSERT_TRUE(cache.Write(ks.back()).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteKernels(cache, 4, 100, &ks));
   jit_test::FlipByte(cache.EntryPath(ks[2].key), 30, 0x01);
   absl::StatusOr<std::vector<DiskEntryInfo>> list = cache.List(/*verify=*/true);
   ASSERT_TRUE(list.ok()) << list.status();
@@ -469,10 +474,7 @@ TEST(DiskCacheTest, AListingThatFailsPartWayIsAnErrorNotTheEnd) {
   TempDir dir;
   DiskCache cache(dir.path());
   std::vector<CompiledKernel> ks;
-  for (int i = 0; i < 3; ++i) {
-    ks.push_back(RandomKernel(200 + i));
-    ASSERT_TRUE(cache.Write(ks.back()).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(WriteKernels(cache, 3, 200, &ks));
   // ".", ".." and three entries: failing after each of the first four.
   for (int read = 0; read < 5; ++read) {
     SCOPED_TRACE(absl::StrCat("fails after ", read, " entries"));
