@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <regex>
 #include <set>
@@ -399,6 +400,36 @@ TEST_F(ErrorCheckTest, CatchesTheBugsAKernelCanHave) {
   std::vector<uint16_t> inf = good;
   inf[0] = 0x7F80;
   EXPECT_FALSE(CheckAgainstReference(inf.data(), m_, ref_).ok());
+}
+
+// A NaN in the second output of a pair (bench's "z12 vs cuBLAS" and the like) is where the
+// check fails, and the report must say so: a NaN |err|/tol fails the test but compares false
+// with every ratio, so it never became the worst element and the report named a right one (at
+// |err|/tol below 1), or, at the first element, hid every later failure behind a NaN maximum.
+TEST_F(ErrorCheckTest, APairReportsANanInEitherOutputAsTheWorstElement) {
+  const std::vector<uint16_t> good = Fp32Gemv(w_, x_, m_, n_, k_, 64, false);
+  const int64_t t = 1 + Rng()() % (m_ - 1), r = Rng()() % n_;
+  std::vector<uint16_t> poisoned = good;
+  poisoned[t * n_ + r] = 0xFFFF;
+  for (const bool nan_first : {true, false}) {
+    const ErrorCheck check = nan_first ? CheckPair(poisoned.data(), good.data(), m_, ref_)
+                                       : CheckPair(good.data(), poisoned.data(), m_, ref_);
+    EXPECT_FALSE(check.ok());
+    EXPECT_EQ(check.failures, 1);
+    EXPECT_EQ(check.max_ratio, std::numeric_limits<double>::infinity()) << check.ToString();
+    EXPECT_EQ(check.worst_token, t);
+    EXPECT_EQ(check.worst_row, r);
+    EXPECT_NE(check.ToString().find(absl::StrFormat("token %d, row %d", t, r)), std::string::npos)
+        << check.ToString();
+  }
+  // A NaN in the first element does not hide a later one: the first non-finite is reported, and
+  // the maximum is a number, not NaN.
+  poisoned[0] = 0xFFFF;
+  const ErrorCheck check = CheckPair(good.data(), poisoned.data(), m_, ref_);
+  EXPECT_EQ(check.failures, 2);
+  EXPECT_EQ(check.max_ratio, std::numeric_limits<double>::infinity()) << check.ToString();
+  EXPECT_EQ(check.worst_token, 0);
+  EXPECT_EQ(check.worst_row, 0);
 }
 
 TEST_F(ErrorCheckTest, ChecksOnlyTheTokensAskedAndNothingBeyondTheReference) {

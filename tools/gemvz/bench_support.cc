@@ -339,7 +339,9 @@ ErrorCheck CheckElements(int64_t m, const GemvReference& ref, double tol_scale, 
       const double tol = tol_scale * GemvTolerance(ref.out[i], ref.abs_dot[i], ref.k);
       const double err = std::fabs(got - target);
       double ratio;
-      if (!std::isfinite(got)) {
+      // A non-finite value on either side is the worst there is; as a NaN |err|/tol it would fail
+      // the test below but never become the worst element, so the report would name another.
+      if (!std::isfinite(got) || !std::isfinite(target)) {
         ratio = std::numeric_limits<double>::infinity();
       } else if (tol > 0) {
         ratio = err / tol;
@@ -373,7 +375,7 @@ ErrorCheck CheckAgainstReference(const uint16_t* got, int64_t m, const GemvRefer
 
 ErrorCheck CheckPair(const uint16_t* a, const uint16_t* b, int64_t m, const GemvReference& ref) {
   if (m > ref.m) return ErrorCheck{};
-  // A NaN in `b` makes the difference NaN, which fails the ratio test like a NaN in `a`.
+  // A NaN or infinity in `b` fails (and is reported) like one in `a`.
   return CheckElements(m, ref, 2.0, [&](int64_t i, double* value, double* target) {
     *value = Bf16ToFloat(a[i]);
     *target = Bf16ToFloat(b[i]);
