@@ -1,7 +1,6 @@
 // PackedCheckpoint: reads tensors back from packed (or plain) safetensors files, memory-mapped.
 #include "gemvz/checkpoint.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/checkpoint/packed_tensor.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/common/file_util.h"
 #include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 
@@ -46,30 +46,20 @@ absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& path
     return e == ENOENT ? absl::NotFoundError(msg) : absl::InvalidArgumentError(msg);
   }
   if (!S_ISDIR(st.st_mode)) return std::vector<std::string>{path};
+  const DirectoryListing listing = ListDirectory(path);
+  if (listing.open_errno != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot list checkpoint directory '", path,
+                                                    "': ", std::strerror(listing.open_errno)));
+  }
+  // Taken for the end, a failed listing would open the checkpoint without the shards not yet
+  // listed.
+  if (listing.read_errno != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot list checkpoint directory '", path,
+                                               "': ", std::strerror(listing.read_errno)));
+  }
   std::vector<std::string> files;
-  DIR* d = ::opendir(path.c_str());
-  if (d == nullptr) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot list checkpoint directory '", path, "': ", std::strerror(errno)));
-  }
-  // A listing that fails part way (EIO on a network or FUSE file system) ends readdir as the end
-  // of the directory does, but with errno set: taken for the end, it would open the checkpoint
-  // without the shards not yet listed.
-  int list_errno = 0;
-  while (true) {
-    errno = 0;
-    const dirent* e = ::readdir(d);
-    if (e == nullptr) {
-      list_errno = errno;
-      break;
-    }
-    const std::string name = e->d_name;
+  for (const std::string& name : listing.names) {
     if (EndsWith(name, ".safetensors")) files.push_back(absl::StrCat(path, "/", name));
-  }
-  ::closedir(d);
-  if (list_errno != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot list checkpoint directory '", path, "': ", std::strerror(list_errno)));
   }
   std::sort(files.begin(), files.end());
   if (files.empty()) {

@@ -1,5 +1,6 @@
 #include "runtime/common/file_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
@@ -443,6 +444,27 @@ absl::Status CreateDirectories(const std::string& path, std::vector<std::string>
 
 void RemoveCreatedDirectories(const std::vector<std::string>& created) {
   for (auto it = created.rbegin(); it != created.rend(); ++it) ::rmdir(it->c_str());
+}
+
+DirectoryListing ListDirectory(const std::string& dir) {
+  DirectoryListing listing;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) {
+    listing.open_errno = errno;
+    return listing;
+  }
+  while (true) {
+    errno = 0;  // readdir leaves it alone at the end: what is there then is the failure's
+    const struct dirent* e = ::readdir(d);
+    if (e == nullptr) {
+      listing.read_errno = errno;
+      break;
+    }
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    listing.names.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  return listing;
 }
 
 }  // namespace gemvz::internal

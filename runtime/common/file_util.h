@@ -88,4 +88,16 @@ absl::Status CreateDirectories(const std::string& path,
 // Removes `created` (from CreateDirectories), innermost first, each only if it is empty.
 void RemoveCreatedDirectories(const std::vector<std::string>& created);
 
+// The names in a directory but "." and "..", in the order readdir gives them, and what stopped the
+// listing: open_errno when opendir failed (no names), read_errno when readdir failed part way
+// (EIO on a network or FUSE file system; names then holds the entries read before). readdir ends
+// a failed listing as it ends a whole one, with errno the only difference: a caller that skips
+// read_errno takes part of a directory for all of it.
+struct DirectoryListing {
+  std::vector<std::string> names;
+  int open_errno = 0;
+  int read_errno = 0;
+};
+DirectoryListing ListDirectory(const std::string& dir);
+
 }  // namespace gemvz::internal

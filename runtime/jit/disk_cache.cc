@@ -1,7 +1,6 @@
 // The on-disk kernel cache (see disk_cache.h).
 #include "runtime/jit/disk_cache.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -125,33 +124,20 @@ int64_t MtimeNs(const struct stat& st) {
 
 // Names in `dir`, without "." and "..". A missing directory is an empty one.
 absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) {
-    if (errno == ENOENT) return names;
-    return absl::InternalError(absl::StrCat("cannot list '", dir, "': ", std::strerror(errno)));
+  DirectoryListing listing = ListDirectory(dir);
+  if (listing.open_errno == ENOENT) return std::vector<std::string>{};
+  if (listing.open_errno != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot list '", dir, "': ", std::strerror(listing.open_errno)));
   }
-  // A listing that fails part way (EIO on a network file system) ends readdir as the end of the
-  // directory does, but with errno set: taken for the end, `cache clear` would report success
-  // with entries left, and `cache verify` would pass entries it never read.
-  int list_errno = 0;
-  while (true) {
-    errno = 0;
-    const struct dirent* e = ::readdir(d);
-    if (e == nullptr) {
-      list_errno = errno;
-      break;
-    }
-    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
-    names.emplace_back(e->d_name);
-  }
-  ::closedir(d);
-  if (list_errno != 0) {
+  // Taken for the end, a failed listing would let `cache clear` report success with entries
+  // left, and `cache verify` pass entries it never read.
+  if (listing.read_errno != 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot list '", dir, "': ", std::strerror(list_errno)));
+        absl::StrCat("cannot list '", dir, "': ", std::strerror(listing.read_errno)));
   }
-  std::sort(names.begin(), names.end());
-  return names;
+  std::sort(listing.names.begin(), listing.names.end());
+  return std::move(listing.names);
 }
 
 // Removes `path`; a file that is already gone (another process pruned it) is not an error.
