@@ -21,7 +21,6 @@ namespace gemvz {
 namespace {
 
 using internal::CodeWordOffset;
-using internal::DecodedBits;
 using internal::GroupSlots;
 using internal::kSignBit;
 using internal::LowByteOffset;
@@ -342,7 +341,6 @@ namespace {
 // Unpack of a matrix ValidatePacked has accepted.
 void UnpackValidated(const PackedMatrix& p, uint16_t* out) {
   const int64_t cols = p.cols, nblocks = p.rows / kRowBlock, ngroups = cols / kColGroup;
-  const auto& slots = GroupSlots();
   const int threads = internal::WorkerCount(0, nblocks);
   ParallelRanges(nblocks, threads, [&](int64_t b0, int64_t b1, int) {
     for (int64_t rb = b0; rb < b1; ++rb) {
@@ -350,16 +348,9 @@ void UnpackValidated(const PackedMatrix& p, uint16_t* out) {
       for (int64_t gi = 0; gi < ngroups; ++gi) {
         const uint8_t* grp = p.weights.data() + (rb * ngroups + gi) * kGroupBytes;
         uint16_t* dst = out + rb * kRowBlock * cols + gi * kColGroup;
-        for (int f = 0; f < 4; ++f) {
-          for (int lane = 0; lane < 32; ++lane) {
-            uint32_t q;
-            std::memcpy(&q, grp + CodeWordOffset(f, lane), 4);
-            for (int i = 0; i < 8; ++i) {
-              const auto s = slots[f][lane][i];
-              dst[s.row * cols + s.col] = DecodedBits(grp, q, p.base, f, lane, i);
-            }
-          }
-        }
+        internal::ForEachDecodedWeight(grp, p.base, [&](internal::GroupSlot s, uint16_t bits) {
+          dst[s.row * cols + s.col] = bits;
+        });
       }
       // Corrections: entries of one weight are adjacent (same col).
       for (int r = 0; r < kRowBlock; ++r) {

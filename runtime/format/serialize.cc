@@ -500,26 +500,20 @@ absl::Status ValidatePacked(const PackedMatrix& p) {
       }
     }
     const int64_t ngroups = cols / kColGroup;
-    const auto& slots = internal::GroupSlots();
     for (int64_t g = 0; g < nblocks * ngroups; ++g) {
-      const uint8_t* grp = p.weights.data() + g * kGroupBytes;
-      for (int f = 0; f < 4; ++f) {
-        for (int lane = 0; lane < 32; ++lane) {
-          uint32_t q;
-          std::memcpy(&q, grp + internal::CodeWordOffset(f, lane), 4);
-          for (int i = 0; i < 8; ++i) {
-            const uint16_t bits = internal::DecodedBits(grp, q, p.base, f, lane, i);
-            if (FiniteBf16Bits(bits)) continue;
-            const int64_t row = g / ngroups * kRowBlock + slots[f][lane][i].row;
-            const int64_t col = g % ngroups * kColGroup + slots[f][lane][i].col;
-            if (dense[row]) continue;
-            return invalid(absl::StrFormat(
+      absl::Status st;  // the group's first such weight
+      internal::ForEachDecodedWeight(
+          p.weights.data() + g * kGroupBytes, p.base, [&](internal::GroupSlot s, uint16_t bits) {
+            if (!st.ok() || FiniteBf16Bits(bits)) return;
+            const int64_t row = g / ngroups * kRowBlock + s.row;
+            const int64_t col = g % ngroups * kColGroup + s.col;
+            if (dense[row]) return;
+            st = invalid(absl::StrFormat(
                 "row %d col %d decodes to a non-finite BF16 (bits %04x: window base 120's top "
                 "value with a low byte of 0x80 or more) in a row that is not dense",
                 row, col, bits));
-          }
-        }
-      }
+          });
+      RETURN_IF_ERROR(st);
     }
   }
 

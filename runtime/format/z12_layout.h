@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 
 #include "gemvz/format.h"
 
@@ -34,6 +35,20 @@ inline uint16_t DecodedBits(const uint8_t* group, uint32_t q, int base, int f, i
   const uint32_t code = (q >> (4 * i)) & 7, sign = (q >> kSignBit[i]) & 1;
   return static_cast<uint16_t>((sign << 15) | ((static_cast<uint32_t>(base) + code) << 8) |
                                group[LowByteOffset(f, lane, i)]);
+}
+
+// Calls fn(slot, bits) for each of a group's 1024 weights: where it sits in the 16 x 64 group and
+// the BF16 bits the decoder produces for it (DecodedBits), fragment by fragment, lane by lane.
+template <class Fn>
+void ForEachDecodedWeight(const uint8_t* group, int base, Fn&& fn) {
+  const GroupSlotTable& slots = GroupSlots();
+  for (int f = 0; f < 4; ++f) {
+    for (int lane = 0; lane < 32; ++lane) {
+      uint32_t q;
+      std::memcpy(&q, group + CodeWordOffset(f, lane), 4);
+      for (int i = 0; i < 8; ++i) fn(slots[f][lane][i], DecodedBits(group, q, base, f, lane, i));
+    }
+  }
 }
 
 // prmt.b32 d, a, b, sel (default mode), from the PTX ISA definition.
