@@ -965,6 +965,196 @@ TEST(CheckpointTest, AListingThatFailsPartWayIsAnErrorNotTheEnd) {
   EXPECT_EQ(c->tensors().size(), 2u);
 }
 
+// A Hugging Face index of a sharded checkpoint: {"metadata": {...}, "weight_map": {tensor: file}}.
+std::string IndexJson(const std::map<std::string, std::string>& weight_map) {
+  const nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}};
+  return index.dump(2);
+}
+
+// A directory of `shards` files "model-0000<i>-of-0000<n>.safetensors", shard i holding the
+// 16 x 64 BF16 matrix "w<i>", and its index "model.safetensors.index.json" naming them all.
+std::map<std::string, std::string> WriteIndexedCheckpoint(const std::string& dir, int shards,
+                                                          const std::string& m) {
+  EXPECT_EQ(::mkdir(dir.c_str(), 0755), 0) << dir;
+  std::map<std::string, std::string> weight_map;
+  for (int i = 1; i <= shards; ++i) {
+    const std::string shard = absl::StrFormat("model-%05d-of-%05d.safetensors", i, shards);
+    WriteCheckpoint(dir + "/" + shard, {{absl::StrCat("w", i), "BF16", {16, 64}, m, true, ""}});
+    weight_map[absl::StrCat("w", i)] = shard;
+  }
+  WriteAll(dir + "/model.safetensors.index.json", IndexJson(weight_map));
+  return weight_map;
+}
+
+// A directory with a *.safetensors.index.json opens when it holds every file its weight_map
+// names: plain, or packed (an index copied beside `gemvz pack`'s output names logical tensors),
+// with tensors the index does not name accepted. One file missing (an unfinished download) is
+// refused before anything is opened, naming the directory, the index and the first few missing
+// files with their count; without the index the same directory opens as it always did, and a
+// single file given to Open reads no index.
+TEST(CheckpointTest, AnIndexedDirectoryOpensWholeAndIsRefusedWithoutAShard) {
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, FreshSeed()));
+  const std::string ckpt = dir + "/ckpt";
+  const std::map<std::string, std::string> weight_map = WriteIndexedCheckpoint(ckpt, 2, m);
+  WriteCheckpoint(ckpt + "/extra.safetensors", {{"unindexed", "BF16", {64}, m.substr(0, 128)}});
+  absl::StatusOr<PackedCheckpoint> whole = PackedCheckpoint::Open(ckpt);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->tensors().size(), 3u);
+
+  std::vector<std::string> inputs;
+  for (const auto& [tensor, shard] : weight_map) inputs.push_back(ckpt + "/" + shard);
+  absl::StatusOr<CheckpointPackReport> r = PackCheckpoint(inputs, dir + "/packed");
+  ASSERT_TRUE(r.ok()) << r.status();
+  WriteAll(dir + "/packed/model.safetensors.index.json", IndexJson(weight_map));
+  absl::StatusOr<PackedCheckpoint> packed = PackedCheckpoint::Open(dir + "/packed");
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  absl::StatusOr<TensorInfo> w2 = packed->Info("w2");
+  ASSERT_TRUE(w2.ok()) << w2.status();
+  EXPECT_TRUE(w2->packed);
+
+  const std::string gone = ckpt + "/model-00002-of-00002.safetensors";
+  ASSERT_EQ(::unlink(gone.c_str()), 0);
+  absl::StatusOr<PackedCheckpoint> c = PackedCheckpoint::Open(ckpt);
+  ASSERT_FALSE(c.ok()) << "opened with " << c->tensors().size() << " tensors";
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+  EXPECT_NE(c.status().message().find(
+                "checkpoint directory '" + ckpt +
+                "': its index 'model.safetensors.index.json' names 1 file that the directory "
+                "lacks: 'model-00002-of-00002.safetensors'"),
+            std::string::npos)
+      << c.status();
+  EXPECT_NE(c.status().message().find("nothing was opened"), std::string::npos) << c.status();
+  absl::StatusOr<PackedCheckpoint> one =
+      PackedCheckpoint::Open(ckpt + "/model-00001-of-00002.safetensors");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->tensors().size(), 1u);
+
+  // Only the index left (every shard missing): the first three named, and the count of the rest.
+  const std::string bare = dir + "/bare";
+  ASSERT_EQ(::mkdir(bare.c_str(), 0755), 0);
+  std::map<std::string, std::string> many;
+  for (int i = 1; i <= 5; ++i) many[absl::StrCat("w", i)] = absl::StrCat("s", i, ".safetensors");
+  WriteAll(bare + "/model.safetensors.index.json", IndexJson(many));
+  absl::Status st = PackedCheckpoint::Open(bare).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("names 5 files that the directory lacks: 's1.safetensors', "
+                              "'s2.safetensors', 's3.safetensors' and 2 more"),
+            std::string::npos)
+      << st;
+
+  ASSERT_EQ(::unlink((ckpt + "/model.safetensors.index.json").c_str()), 0);
+  absl::StatusOr<PackedCheckpoint> unindexed = PackedCheckpoint::Open(ckpt);
+  ASSERT_TRUE(unindexed.ok()) << unindexed.status();
+  EXPECT_EQ(unindexed->tensors().size(), 2u);
+  EXPECT_EQ(unindexed->Info("w2").status().code(), absl::StatusCode::kNotFound);
+}
+
+// An index that cannot be read as one (not JSON, a repeated key, no weight_map object, a value
+// that is no string, a file name that is no *.safetensors entry of the directory itself, not a
+// file, too large) is refused naming the index and what is wrong, before anything is opened.
+// Every index of the directory is read: a good one beside does not hide a bad one.
+TEST(CheckpointTest, AMalformedIndexIsRefusedNamed) {
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, FreshSeed()));
+  const std::string ckpt = dir + "/ckpt";
+  WriteIndexedCheckpoint(ckpt, 1, m);
+  const std::string index = ckpt + "/model.safetensors.index.json";
+  ASSERT_EQ(::rename(index.c_str(), (ckpt + "/a.safetensors.index.json").c_str()), 0);
+  const std::string shard = "model-00001-of-00001.safetensors";
+  const struct {
+    const char* what;
+    std::string text;
+    const char* expected;
+  } cases[] = {
+      {"not JSON", "{\"weight_map\": {", "is not valid JSON"},
+      {"text after the value", "{\"weight_map\": {}} {}", "is not valid JSON"},
+      {"a repeated key", "{\"weight_map\": {\"w1\": \"" + shard + "\", \"w1\": \"" + shard + "\"}}",
+       "is not valid JSON: an object repeats the key 'w1'"},
+      {"an array", "[]", "has no \"weight_map\" object"},
+      {"no weight_map", "{\"metadata\": {}}", "has no \"weight_map\" object"},
+      {"a weight_map array", "{\"weight_map\": [\"" + shard + "\"]}",
+       "has no \"weight_map\" object"},
+      {"a number", "{\"weight_map\": {\"w1\": 1}}",
+       "maps tensor 'w1' to a value of type number, not a file name"},
+      {"null", "{\"weight_map\": {\"w\\u001b\": null}}",
+       "maps tensor 'w\\x1b' to a value of type null"},
+      {"a path", "{\"weight_map\": {\"w1\": \"../ckpt/" + shard + "\"}}",
+       "maps tensor 'w1' to '../ckpt/model-00001-of-00001.safetensors', which is not the name of "
+       "a *.safetensors file of the directory"},
+      {"a subdirectory", "{\"weight_map\": {\"w1\": \"sub/x.safetensors\"}}",
+       "maps tensor 'w1' to 'sub/x.safetensors', which is not the name"},
+      {"..", "{\"weight_map\": {\"w1\": \"..\"}}",
+       "maps tensor 'w1' to '..', which is not the name"},
+      {"another kind of file", "{\"weight_map\": {\"w1\": \"model.bin\"}}",
+       "maps tensor 'w1' to 'model.bin', which is not the name"},
+      {"a NUL", "{\"weight_map\": {\"w1\": \"a\\u0000.safetensors\"}}",
+       "maps tensor 'w1' to 'a\\x00.safetensors', which is not the name"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    WriteAll(index, c.text);
+    absl::Status st = PackedCheckpoint::Open(ckpt).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("checkpoint directory '" + ckpt +
+                                "': its index 'model.safetensors.index.json' " + c.expected),
+              std::string::npos)
+        << st;
+    EXPECT_NE(st.message().find("nothing was opened"), std::string::npos) << st;
+    EXPECT_EQ(st.message().find('\x1b'), std::string::npos) << "a tensor's name quoted raw";
+  }
+  ASSERT_EQ(::unlink(index.c_str()), 0);
+  ASSERT_EQ(::mkdir(index.c_str(), 0755), 0);
+  absl::Status st = PackedCheckpoint::Open(ckpt).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("its index 'model.safetensors.index.json' cannot be read: '" + index +
+                              "' is not a regular file"),
+            std::string::npos)
+      << st;
+  ASSERT_EQ(::rmdir(index.c_str()), 0);
+  // Sparse: above the cap without writing it.
+  WriteAll(index, "");
+  ASSERT_EQ(::truncate(index.c_str(), static_cast<off_t>(internal::kMaxSafetensorsHeaderBytes + 1)),
+            0);
+  st = PackedCheckpoint::Open(ckpt).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find(absl::StrCat("more than the ", internal::kMaxSafetensorsHeaderBytes,
+                                           " it may hold")),
+            std::string::npos)
+      << st;
+}
+
+// A tensor the index names that is not in the file it gives (in no file, or in another) is
+// refused after the files are opened, naming the directory, the index, the tensor and the file.
+TEST(CheckpointTest, ATensorTheIndexNamesOutsideItsFileIsRefused) {
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, FreshSeed()));
+  const std::string ckpt = dir + "/ckpt";
+  std::map<std::string, std::string> weight_map = WriteIndexedCheckpoint(ckpt, 2, m);
+  const std::string index = ckpt + "/model.safetensors.index.json";
+  const std::string prefix = "checkpoint directory '" + ckpt +
+                             "': its index 'model.safetensors.index.json' names 1 tensor that "
+                             "the file it gives does not hold: ";
+  weight_map["lm_head.weight"] = "model-00001-of-00002.safetensors";
+  WriteAll(index, IndexJson(weight_map));
+  absl::Status st = PackedCheckpoint::Open(ckpt).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(
+      st.message().find(prefix + "'lm_head.weight' (not in 'model-00001-of-00002.safetensors')"),
+      std::string::npos)
+      << st;
+
+  weight_map.erase("lm_head.weight");
+  weight_map["w2"] = "model-00001-of-00002.safetensors";
+  WriteAll(index, IndexJson(weight_map));
+  st = PackedCheckpoint::Open(ckpt).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find(prefix + "'w2' (not in 'model-00001-of-00002.safetensors'; in "
+                                       "'model-00002-of-00002.safetensors')"),
+            std::string::npos)
+      << st;
+}
+
 // A checkpoint of more shards than the process may hold open descriptors (ulimit -n, 1024 by
 // default, against models of hundreds of shards and a server opening several) packs and opens:
 // a mapped file needs no descriptor once it is mapped.

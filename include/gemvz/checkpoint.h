@@ -53,6 +53,13 @@ class PackedCheckpoint {
   // files open too: all their tensors are then unpacked ones. Links are followed; a *.safetensors
   // entry that is not a file (a directory, a FIFO, a link whose target is gone) is an error
   // (FailedPrecondition) that names it, never skipped: the checkpoint would lack its tensors.
+  // A directory's *.safetensors.index.json files (Hugging Face's sharded layout; each one) are
+  // read first: a file a weight_map names that the directory lacks is FailedPrecondition naming
+  // it and the index, with nothing opened; a malformed index (not JSON, no weight_map object, a
+  // value that is no plain *.safetensors file name) is InvalidArgument, one above 100 MiB or not
+  // a regular file FailedPrecondition. Then each tensor an index names must be in the file it
+  // gives (a packed one under its logical name), else FailedPrecondition; tensors no index names
+  // are accepted. A single file reads no index; a directory without one opens as it is.
   static absl::StatusOr<PackedCheckpoint> Open(const std::string& path);
 
   PackedCheckpoint() = default;

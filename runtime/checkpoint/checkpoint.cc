@@ -7,12 +7,16 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
 #include "runtime/checkpoint/packed_tensor.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/common/file_util.h"
+#include "runtime/common/json_check.h"
 #include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 
@@ -38,14 +42,121 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& path) {
+// One *.safetensors.index.json of a checkpoint directory (Hugging Face's sharded layout).
+struct ShardIndex {
+  std::string name;                               // its file name in the directory
+  std::map<std::string, std::string> weight_map;  // tensor name -> shard file name
+};
+
+// What a checkpoint path holds: the files to open and, for a directory, its indexes.
+struct CheckpointLayout {
+  std::vector<std::string> files;  // sorted
+  std::vector<ShardIndex> indexes;
+};
+
+// The first few of `items` (already quoted), and how many more there are.
+std::string FirstFew(const std::vector<std::string>& items) {
+  constexpr size_t kShown = 3;
+  const size_t shown = std::min(items.size(), kShown);
+  std::string out = absl::StrJoin(items.begin(), items.begin() + shown, ", ");
+  if (items.size() > shown) absl::StrAppend(&out, " and ", items.size() - shown, " more");
+  return out;
+}
+
+// Whether an index may name `shard`: a plain file name of a *.safetensors file, so that it can
+// only mean an entry of the directory itself.
+bool IsShardFileName(const std::string& shard) {
+  return EndsWith(shard, ".safetensors") && shard.find('/') == std::string::npos &&
+         shard.find('\0') == std::string::npos;
+}
+
+// The weight_map of the index `name` in `dir`, each value checked to be a shard file name.
+absl::StatusOr<ShardIndex> ReadShardIndex(const std::string& dir, const std::string& name) {
+  const std::string where =
+      absl::StrCat("checkpoint directory '", dir, "': its index '", Escaped(name), "'");
+  // Small (a name and a file name per tensor); capped like a safetensors header, so that a huge
+  // file or a FIFO in its place can neither exhaust nor hang the reader.
+  absl::StatusOr<std::string> text =
+      ReadRegularFile(absl::StrCat(dir, "/", name), kMaxSafetensorsHeaderBytes);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat(where, " cannot be read: ", text.status().message()));
+  }
+  auto fail = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " ", what, "; nothing was opened"));
+  };
+  if (absl::Status st = CheckJsonText(*text, kMaxJsonDepth, /*refuse_duplicate_keys=*/true);
+      !st.ok()) {
+    return fail(absl::StrCat("is not valid JSON: ", st.message()));
+  }
+  const nlohmann::json doc = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const auto map = doc.is_object() ? doc.find("weight_map") : doc.end();
+  if (!doc.is_object() || map == doc.end() || !map->is_object()) {
+    return fail("has no \"weight_map\" object");
+  }
+  ShardIndex index;
+  index.name = name;
+  for (auto it = map->begin(); it != map->end(); ++it) {
+    if (!it.value().is_string()) {
+      return fail(absl::StrCat("maps tensor '", Escaped(it.key()), "' to a value of type ",
+                               it.value().type_name(), ", not a file name"));
+    }
+    const std::string& shard = it.value().get_ref<const std::string&>();
+    if (!IsShardFileName(shard)) {
+      return fail(
+          absl::StrCat("maps tensor '", Escaped(it.key()), "' to '", Escaped(shard),
+                       "', which is not the name of a *.safetensors file of the directory"));
+    }
+    index.weight_map.emplace(it.key(), shard);
+  }
+  return index;
+}
+
+// Every shard `index` names is among `shards` (the directory's *.safetensors entries).
+absl::Status CheckIndexedShardsPresent(const std::string& dir, const ShardIndex& index,
+                                       const std::set<std::string>& shards) {
+  std::set<std::string> missing;
+  for (const auto& [tensor, shard] : index.weight_map) {
+    if (shards.count(shard) == 0) missing.insert(shard);
+  }
+  if (missing.empty()) return absl::OkStatus();
+  std::vector<std::string> quoted;
+  for (const std::string& shard : missing) quoted.push_back(absl::StrCat("'", Escaped(shard), "'"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint directory '", dir, "': its index '", Escaped(index.name), "' names ",
+      missing.size(), missing.size() == 1 ? " file" : " files",
+      " that the directory lacks: ", FirstFew(quoted),
+      " (an unfinished download?); the checkpoint would lack their tensors, so nothing was "
+      "opened"));
+}
+
+// Reads every *.safetensors.index.json in `dir` (`names`: its entries) and checks that the
+// shards each names are there.
+absl::StatusOr<std::vector<ShardIndex>> ReadShardIndexes(const std::string& dir,
+                                                         const std::vector<std::string>& names) {
+  std::set<std::string> shards;
+  std::set<std::string> index_names;  // sorted: the same one is at fault on every run
+  for (const std::string& name : names) {
+    if (EndsWith(name, ".safetensors")) shards.insert(name);
+    if (EndsWith(name, ".safetensors.index.json")) index_names.insert(name);
+  }
+  std::vector<ShardIndex> indexes;
+  for (const std::string& name : index_names) {
+    ASSIGN_OR_RETURN(ShardIndex index, ReadShardIndex(dir, name));
+    RETURN_IF_ERROR(CheckIndexedShardsPresent(dir, index, shards));
+    indexes.push_back(std::move(index));
+  }
+  return indexes;
+}
+
+absl::StatusOr<CheckpointLayout> CheckpointFiles(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     const int e = errno;
     const std::string msg = absl::StrCat("cannot open checkpoint '", path, "': ", std::strerror(e));
     return e == ENOENT ? absl::NotFoundError(msg) : absl::InvalidArgumentError(msg);
   }
-  if (!S_ISDIR(st.st_mode)) return std::vector<std::string>{path};
+  if (!S_ISDIR(st.st_mode)) return CheckpointLayout{{path}, {}};
   const DirectoryListing listing = ListDirectory(path);
   if (listing.open_errno != 0) {
     return absl::PermissionDeniedError(absl::StrCat("cannot list checkpoint directory '", path,
@@ -57,6 +168,9 @@ absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& path
     return absl::UnavailableError(absl::StrCat("cannot list checkpoint directory '", path,
                                                "': ", std::strerror(listing.read_errno)));
   }
+  // An index names the shards that must be there: one missing is refused before anything is
+  // opened, and named (the "no .safetensors file" below would not say which).
+  ASSIGN_OR_RETURN(std::vector<ShardIndex> indexes, ReadShardIndexes(path, listing.names));
   std::vector<std::string> files;
   for (const std::string& name : listing.names) {
     if (EndsWith(name, ".safetensors")) files.push_back(absl::StrCat(path, "/", name));
@@ -78,7 +192,7 @@ absl::StatusOr<std::vector<std::string>> CheckpointFiles(const std::string& path
           "remove or rename it (or put the missing file in its place); nothing was opened"));
     }
   }
-  return files;
+  return CheckpointLayout{std::move(files), std::move(indexes)};
 }
 
 // Adds one file's logical tensors to `state`.
@@ -159,16 +273,41 @@ absl::Status AddFile(CheckpointState& state, std::unique_ptr<SafetensorsFile> fi
   return absl::OkStatus();
 }
 
+// Every tensor `index` names is in the shard it names (a packed tensor under its logical name).
+// Tensors that no index names are accepted, as Hugging Face's loaders accept them.
+absl::Status CheckIndexedTensors(const std::string& dir, const ShardIndex& index,
+                                 const CheckpointState& state) {
+  std::vector<std::string> misplaced;
+  for (const auto& [tensor, shard] : index.weight_map) {
+    auto it = state.where.find(tensor);
+    const std::string found =
+        it == state.where.end() ? "" : BaseName(state.files[it->second.file]->path());
+    if (found == shard) continue;
+    misplaced.push_back(
+        absl::StrCat("'", Escaped(tensor), "' (not in '", Escaped(shard), "'",
+                     found.empty() ? "" : absl::StrCat("; in '", Escaped(found), "'"), ")"));
+  }
+  if (misplaced.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("checkpoint directory '", dir, "': its index '", Escaped(index.name), "' names ",
+                   misplaced.size(), misplaced.size() == 1 ? " tensor" : " tensors",
+                   " that the file it gives does not hold: ", FirstFew(misplaced),
+                   " (a file cut short or replaced, or an index of another checkpoint)"));
+}
+
 }  // namespace
 }  // namespace internal
 
 absl::StatusOr<PackedCheckpoint> PackedCheckpoint::Open(const std::string& path) {
-  ASSIGN_OR_RETURN(const std::vector<std::string> paths, internal::CheckpointFiles(path));
+  ASSIGN_OR_RETURN(const internal::CheckpointLayout layout, internal::CheckpointFiles(path));
   auto state = std::make_shared<internal::CheckpointState>();
-  for (const std::string& p : paths) {
+  for (const std::string& p : layout.files) {
     ASSIGN_OR_RETURN(std::unique_ptr<internal::SafetensorsFile> f,
                      internal::SafetensorsFile::Open(p));
     RETURN_IF_ERROR(internal::AddFile(*state, std::move(f)));
+  }
+  for (const internal::ShardIndex& index : layout.indexes) {
+    RETURN_IF_ERROR(internal::CheckIndexedTensors(path, index, *state));
   }
   std::sort(state->tensors.begin(), state->tensors.end(),
             [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });
