@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/common/log.h"
+#include "runtime/common/status_macros.h"
 #include "runtime/common/temp_files.h"
 
 namespace gemvz::internal {
@@ -217,10 +218,55 @@ bool IsSpecialFile(const std::string& path) {
   return ::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode) && !S_ISDIR(info.st_mode);
 }
 
-absl::Status AtomicWriteFileStreamed(
-    const std::string& path,
-    const std::function<absl::Status(const std::function<absl::Status(const void*, size_t)>&)>&
-        write) {
+absl::StatusOr<std::unique_ptr<StagedFile>> StagedFile::Write(const std::string& path,
+                                                              const StreamedContent& write) {
+  static std::atomic<uint64_t> counter{0};
+  std::unique_ptr<StagedFile> f(new StagedFile());
+  f->path_ = path;
+  f->temp_path_ = SiblingPath(path, ".tmp.",
+                              absl::StrCat(std::hash<std::thread::id>()(std::this_thread::get_id()),
+                                           ".", counter.fetch_add(1)));
+  const std::string& tmp = f->temp_path_;
+  // Removed by a signal handler (temp_files.h) if the process is interrupted before the rename.
+  f->registration_ = TempFileRegistration(tmp);
+  f->fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (f->fd_ < 0) return ErrnoError("cannot create", tmp);
+  // From here on `f`'s destructor closes and removes the file on every way out: an error, or an
+  // exception from the producer (std::bad_alloc, say) unwinding through here.
+  f->owns_temp_ = true;
+  auto sink = [&](const void* data, size_t size) -> absl::Status {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t n = ::write(f->fd_, p, size);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoError("cannot write", tmp);
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+      f->size_ += static_cast<uint64_t>(n);
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(write(sink));
+  if (::fsync(f->fd_) != 0) return ErrnoError("cannot fsync", tmp);
+  const int fd = f->fd_;
+  f->fd_ = -1;
+  if (::close(fd) != 0) return ErrnoError("cannot close", tmp);
+  return f;
+}
+
+StagedFile::~StagedFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (owns_temp_ && !published_) ::unlink(temp_path_.c_str());
+}
+
+void StagedFile::Published() {
+  published_ = true;
+  registration_.Release();
+}
+
+absl::Status AtomicWriteFileStreamed(const std::string& path, const StreamedContent& write) {
   // The rename would put a regular file in the place of a device, FIFO or socket (/dev/null
   // replaced under a root process), or of a link to one (/dev/stdout): refused, untouched.
   if (IsSpecialFile(path)) {
@@ -229,53 +275,11 @@ absl::Status AtomicWriteFileStreamed(
                      "' is not a regular file (a device, FIFO or socket, or a link to one): it "
                      "is published by a rename, which would replace it; give a file's path"));
   }
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = SiblingPath(
-      path, ".tmp.",
-      absl::StrCat(std::hash<std::thread::id>()(std::this_thread::get_id()), ".",
-                   counter.fetch_add(1)));
-  // Removed by a signal handler (temp_files.h) if the process is interrupted before the rename.
-  TempFileRegistration registration(tmp);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("cannot create", tmp);
-  auto fail = [&](absl::Status s) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  };
-  auto sink = [&](const void* data, size_t size) -> absl::Status {
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t n = ::write(fd, p, size);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoError("cannot write", tmp);
-      }
-      p += n;
-      size -= static_cast<size_t>(n);
-    }
-    return absl::OkStatus();
-  };
-  absl::Status written;
-  try {
-    written = write(sink);
-  } catch (...) {  // std::bad_alloc in the writer, say: no temporary file is left behind either
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  ASSIGN_OR_RETURN(std::unique_ptr<StagedFile> staged, StagedFile::Write(path, write));
+  if (::rename(staged->temp_path().c_str(), path.c_str()) != 0) {
+    return ErrnoError("cannot rename into place", path);  // `staged` removes the file
   }
-  if (!written.ok()) return fail(written);
-  if (::fsync(fd) != 0) return fail(ErrnoError("cannot fsync", tmp));
-  if (::close(fd) != 0) {
-    absl::Status s = ErrnoError("cannot close", tmp);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status s = ErrnoError("cannot rename into place", path);
-    ::unlink(tmp.c_str());
-    return s;
-  }
+  staged->Published();
   FsyncDir(DirName(path));  // make the rename itself durable
   return absl::OkStatus();
 }

@@ -4,12 +4,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/common/temp_files.h"
 
 namespace gemvz::internal {
 
@@ -39,16 +41,48 @@ bool IsSpecialFile(const std::string& path);
 // replace it.
 absl::Status AtomicWriteFile(const std::string& path, std::string_view data);
 
-// The same for content produced in pieces: `write` is called with a sink that appends bytes.
-absl::Status AtomicWriteFileStreamed(
-    const std::string& path,
-    const std::function<absl::Status(const std::function<absl::Status(const void*, size_t)>&)>&
-        write);
+// Content produced in pieces: called with a sink that appends bytes.
+using StreamedContent =
+    std::function<absl::Status(const std::function<absl::Status(const void*, size_t)>&)>;
+
+// The same for content produced in pieces.
+absl::Status AtomicWriteFileStreamed(const std::string& path, const StreamedContent& write);
 
 // A finished temporary file and the name it is to be published under.
 struct PendingRename {
   std::string from;  // the temporary file
   std::string to;    // its final name; a file already there is replaced
+};
+
+// A whole file written under a temporary name beside `path` (SiblingPath ".tmp.", registered
+// for a signal handler to remove), fsynced and closed: the first half of AtomicWriteFile, for a
+// file published together with others (RenameAllOrNothing of rename()). Destroying it removes
+// the temporary file unless Published() was called.
+class StagedFile {
+ public:
+  // On any failure (an exception from `write` included) nothing is left behind.
+  static absl::StatusOr<std::unique_ptr<StagedFile>> Write(const std::string& path,
+                                                           const StreamedContent& write);
+  ~StagedFile();
+  StagedFile(const StagedFile&) = delete;
+  StagedFile& operator=(const StagedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return temp_path_; }
+  uint64_t size() const { return size_; }  // bytes written
+  PendingRename rename() const { return {temp_path_, path_}; }
+  // The temporary file was renamed to `path`: no longer this object's to remove.
+  void Published();
+
+ private:
+  StagedFile() = default;
+  std::string path_;
+  std::string temp_path_;
+  int fd_ = -1;  // open while it is written
+  uint64_t size_ = 0;
+  bool owns_temp_ = false;  // created by this object (not someone else's file of that name)
+  bool published_ = false;
+  TempFileRegistration registration_;
 };
 
 // Publishes several files together: on success every `from` is under its `to`; on error every
