@@ -12,11 +12,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "nlohmann/json.hpp"
 #include "runtime/checkpoint/packed_tensor.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/shard_index.h"
 #include "runtime/common/file_util.h"
-#include "runtime/common/json_check.h"
 #include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
 
@@ -42,12 +41,6 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// One *.safetensors.index.json of a checkpoint directory (Hugging Face's sharded layout).
-struct ShardIndex {
-  std::string name;                               // its file name in the directory
-  std::map<std::string, std::string> weight_map;  // tensor name -> shard file name
-};
-
 // What a checkpoint path holds: the files to open and, for a directory, its indexes.
 struct CheckpointLayout {
   std::vector<std::string> files;  // sorted
@@ -63,13 +56,6 @@ std::string FirstFew(const std::vector<std::string>& items) {
   return out;
 }
 
-// Whether an index may name `shard`: a plain file name of a *.safetensors file, so that it can
-// only mean an entry of the directory itself.
-bool IsShardFileName(const std::string& shard) {
-  return EndsWith(shard, ".safetensors") && shard.find('/') == std::string::npos &&
-         shard.find('\0') == std::string::npos;
-}
-
 // The weight_map of the index `name` in `dir`, each value checked to be a shard file name.
 absl::StatusOr<ShardIndex> ReadShardIndex(const std::string& dir, const std::string& name) {
   const std::string where =
@@ -82,32 +68,10 @@ absl::StatusOr<ShardIndex> ReadShardIndex(const std::string& dir, const std::str
     return absl::Status(text.status().code(),
                         absl::StrCat(where, " cannot be read: ", text.status().message()));
   }
-  auto fail = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " ", what, "; nothing was opened"));
-  };
-  if (absl::Status st = CheckJsonText(*text, kMaxJsonDepth, /*refuse_duplicate_keys=*/true);
-      !st.ok()) {
-    return fail(absl::StrCat("is not valid JSON: ", st.message()));
-  }
-  const nlohmann::json doc = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  const auto map = doc.is_object() ? doc.find("weight_map") : doc.end();
-  if (!doc.is_object() || map == doc.end() || !map->is_object()) {
-    return fail("has no \"weight_map\" object");
-  }
-  ShardIndex index;
-  index.name = name;
-  for (auto it = map->begin(); it != map->end(); ++it) {
-    if (!it.value().is_string()) {
-      return fail(absl::StrCat("maps tensor '", Escaped(it.key()), "' to a value of type ",
-                               it.value().type_name(), ", not a file name"));
-    }
-    const std::string& shard = it.value().get_ref<const std::string&>();
-    if (!IsShardFileName(shard)) {
-      return fail(
-          absl::StrCat("maps tensor '", Escaped(it.key()), "' to '", Escaped(shard),
-                       "', which is not the name of a *.safetensors file of the directory"));
-    }
-    index.weight_map.emplace(it.key(), shard);
+  absl::StatusOr<ShardIndex> index = ParseShardIndex(*text, name);
+  if (!index.ok()) {
+    return absl::Status(index.status().code(),
+                        absl::StrCat(where, " ", index.status().message(), "; nothing was opened"));
   }
   return index;
 }
@@ -138,7 +102,7 @@ absl::StatusOr<std::vector<ShardIndex>> ReadShardIndexes(const std::string& dir,
   std::set<std::string> index_names;  // sorted: the same one is at fault on every run
   for (const std::string& name : names) {
     if (EndsWith(name, ".safetensors")) shards.insert(name);
-    if (EndsWith(name, ".safetensors.index.json")) index_names.insert(name);
+    if (EndsWith(name, kShardIndexSuffix)) index_names.insert(name);
   }
   std::vector<ShardIndex> indexes;
   for (const std::string& name : index_names) {

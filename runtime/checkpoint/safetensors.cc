@@ -473,8 +473,10 @@ absl::Status SafetensorsWriter::Finish() {
 
 absl::Status SafetensorsWriter::Publish() { return PublishTogether({this}); }
 
-absl::Status SafetensorsWriter::PublishTogether(const std::vector<SafetensorsWriter*>& writers) {
+absl::Status SafetensorsWriter::PublishTogether(const std::vector<SafetensorsWriter*>& writers,
+                                                const std::vector<StagedFile*>& others) {
   std::vector<PendingRename> renames;
+  for (StagedFile* f : others) renames.push_back(f->rename());
   for (SafetensorsWriter* w : writers) {
     if (!w->finished_) {
       return absl::FailedPreconditionError(absl::StrCat("'", w->path_, "': Publish before Finish"));
@@ -482,6 +484,7 @@ absl::Status SafetensorsWriter::PublishTogether(const std::vector<SafetensorsWri
     if (!w->published_) renames.push_back({w->temp_path_, w->path_});
   }
   RETURN_IF_ERROR(RenameAllOrNothing(renames));
+  for (StagedFile* f : others) f->Published();
   for (SafetensorsWriter* w : writers) {
     w->published_ = true;
     w->temp_registration_.Release();

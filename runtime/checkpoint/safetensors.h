@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/common/file_util.h"
 #include "runtime/common/temp_files.h"
 
 namespace gemvz::internal {
@@ -114,12 +115,17 @@ class SafetensorsWriter {
   // Renames the finished file to its final name and makes the rename durable.
   absl::Status Publish();
   // The same for several finished writers, all or none (RenameAllOrNothing): on error no final
-  // name has changed and each writer still removes its temporary file when destroyed.
-  static absl::Status PublishTogether(const std::vector<SafetensorsWriter*>& writers);
+  // name has changed and each writer still removes its temporary file when destroyed. `others`
+  // (whole files staged beside them, such as a checkpoint's index) join the same publish and are
+  // renamed first, so that an index is in place before the files it names; on error each still
+  // removes its temporary file when destroyed too.
+  static absl::Status PublishTogether(const std::vector<SafetensorsWriter*>& writers,
+                                      const std::vector<StagedFile*>& others = {});
 
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return temp_path_; }
   uint64_t bytes_written() const { return data_offset_ + data_size_; }
+  uint64_t data_bytes() const { return data_size_; }  // the tensors' bytes, without the header
 
  private:
   SafetensorsWriter() = default;
