@@ -209,9 +209,11 @@ TEST(CheckpointTest, PacksVerifiesAndReloadsASyntheticCheckpoint) {
   EXPECT_TRUE(monotonic);
   EXPECT_TRUE(report->verified);
   EXPECT_EQ(report->outputs, (std::vector<std::string>{out + "/model-00001-of-00002.safetensors",
-                                                       out + "/model-00002-of-00002.safetensors"}));
+                                                       out + "/model-00002-of-00002.safetensors",
+                                                       out + "/model.safetensors.index.json"}));
   EXPECT_EQ(ListDir(out), (std::vector<std::string>{"model-00001-of-00002.safetensors",
-                                                    "model-00002-of-00002.safetensors"}));
+                                                    "model-00002-of-00002.safetensors",
+                                                    "model.safetensors.index.json"}));
 
   // The report: what was packed, what was kept and why.
   std::map<std::string, const Tensor*> expected;
@@ -244,6 +246,7 @@ TEST(CheckpointTest, PacksVerifiesAndReloadsASyntheticCheckpoint) {
 
   // Every output is a safetensors file any reader takes: contiguous data, metadata of strings.
   for (const std::string& path : report->outputs) {
+    if (path == out + "/model.safetensors.index.json") continue;
     auto f = SafetensorsFile::Open(path);
     ASSERT_TRUE(f.ok()) << f.status();
     EXPECT_EQ((*f)->data_offset() % 8, 0u);
@@ -720,10 +723,235 @@ TEST(CheckpointTest, PublishingIsAllOrNothing) {
   EXPECT_EQ(progress_calls, 0);
   EXPECT_EQ(ListDir(out2), (std::vector<std::string>{"b.safetensors"}));
 
-  // With nothing in the way both are published, the previous a replaced, nothing else left.
+  // With nothing in the way both are published with their index, the previous a replaced,
+  // nothing else left.
   r = PackCheckpoint(inputs, out);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(ListDir(out), (std::vector<std::string>{"a.safetensors", "b.safetensors"}));
+  EXPECT_EQ(ListDir(out), (std::vector<std::string>{"a.safetensors", "b.safetensors",
+                                                    "model.safetensors.index.json"}));
+  EXPECT_TRUE(PackedCheckpoint::Open(out).ok());
+}
+
+// The index `dir` holds under `name`, parsed; every field of it checked against `weight_map` and
+// the outputs `files` (their tensor bytes are total_size), and its bytes those of a deterministic
+// dump: keys sorted, two-space indentation, a final newline.
+void ExpectIndex(const std::string& dir, const std::string& name,
+                 const std::map<std::string, std::string>& weight_map) {
+  const std::string text = ReadAll(dir + "/" + name);
+  ASSERT_FALSE(text.empty()) << "no index '" << name << "' in " << dir;
+  const nlohmann::json index = nlohmann::json::parse(text, nullptr, false);
+  ASSERT_TRUE(index.is_object()) << text;
+  EXPECT_EQ(text, index.dump(2) + "\n");
+  EXPECT_EQ(index.value("weight_map", nlohmann::json()), nlohmann::json(weight_map)) << text;
+  uint64_t data_bytes = 0;
+  std::set<std::string> files;
+  for (const auto& [tensor, file] : weight_map) files.insert(file);
+  for (const std::string& file : files) {
+    auto f = SafetensorsFile::Open(dir + "/" + file);
+    ASSERT_TRUE(f.ok()) << f.status();
+    data_bytes += (*f)->file_size() - (*f)->data_offset();
+  }
+  const nlohmann::json meta = index.value("metadata", nlohmann::json());
+  EXPECT_EQ(meta.value("total_size", uint64_t{0}), data_bytes) << text;
+  EXPECT_EQ(meta.value("gemvz.format", ""), "gemvz-z12-checkpoint") << text;
+  EXPECT_EQ(meta.value("gemvz.version", ""), std::to_string(kCheckpointFormatVersion)) << text;
+  EXPECT_EQ(index.size(), 2u) << text;
+}
+
+// Two or more outputs get Hugging Face's index beside them, named after the inputs'
+// "<prefix>-NNNNN-of-NNNNN.safetensors" (else "model"), mapping every logical tensor (a packed one
+// under its own name) to its output: the directory then opens, and is refused, naming the file,
+// once an output is gone. One output gets none.
+TEST(CheckpointTest, SeveralOutputsGetAnIndexThatOpenChecks) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(seed);
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, seed));
+  const std::vector<float> norm(8, 1.f);
+  auto write_pair = [&](const std::string& first, const std::string& second) {
+    WriteCheckpoint(dir + "/" + first, {{"wa", "BF16", {16, 64}, m, true, ""},
+                                        {"norm", "F32", {8}, PodBytes(norm), false, "F32"}});
+    WriteCheckpoint(dir + "/" + second, {{"wb", "BF16", {16, 64}, m, true, ""}});
+    return std::vector<std::string>{dir + "/" + first, dir + "/" + second};
+  };
+  const struct {
+    std::string first, second, index;
+  } cases[] = {
+      {"llama-00001-of-00002.safetensors", "llama-00002-of-00002.safetensors",
+       "llama.safetensors.index.json"},
+      {"a.safetensors", "b.safetensors", "model.safetensors.index.json"},
+      // Two prefixes, or four digits, are not Hugging Face's shards of one checkpoint.
+      {"x-00001-of-00002.safetensors", "y-00002-of-00002.safetensors",
+       "model.safetensors.index.json"},
+      {"m-0001-of-0002.safetensors", "m-0002-of-0002.safetensors", "model.safetensors.index.json"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.index + " for " + c.first);
+    const std::string out = MakeTempDir("checkpoint_test");
+    for (const bool verify : {false, true}) {
+      CheckpointPackOptions options;
+      options.verify = verify;
+      absl::StatusOr<CheckpointPackReport> r =
+          PackCheckpoint(write_pair(c.first, c.second), out, options);
+      ASSERT_TRUE(r.ok()) << r.status();
+      std::vector<std::string> listed = {c.first, c.second, c.index};
+      std::sort(listed.begin(), listed.end());
+      EXPECT_EQ(ListDir(out), listed);
+      EXPECT_EQ(r->outputs, (std::vector<std::string>{out + "/" + c.first, out + "/" + c.second,
+                                                      out + "/" + c.index}));
+      int64_t file_bytes = 0;
+      for (const std::string& f : r->outputs) file_bytes += static_cast<int64_t>(ReadAll(f).size());
+      EXPECT_EQ(r->output_bytes, file_bytes);
+      ExpectIndex(out, c.index, {{"norm", c.first}, {"wa", c.first}, {"wb", c.second}});
+    }
+    absl::StatusOr<PackedCheckpoint> opened = PackedCheckpoint::Open(out);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    EXPECT_EQ(opened->tensors().size(), 3u);
+    ASSERT_EQ(::unlink((out + "/" + c.second).c_str()), 0);
+    absl::Status st = PackedCheckpoint::Open(out).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find("its index '" + c.index +
+                                "' names 1 file that the directory "
+                                "lacks: '" +
+                                c.second + "'"),
+              std::string::npos)
+        << st;
+  }
+
+  // One output: no index, as Hugging Face writes none for one file.
+  const std::string one = MakeTempDir("checkpoint_test");
+  absl::StatusOr<CheckpointPackReport> r = PackCheckpoint(
+      {write_pair("model-00001-of-00001.safetensors", "unused.safetensors")[0]}, one);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ListDir(one), (std::vector<std::string>{"model-00001-of-00001.safetensors"}));
+  EXPECT_EQ(r->outputs, (std::vector<std::string>{one + "/model-00001-of-00001.safetensors"}));
+
+  // The same inputs give the same index, byte for byte.
+  const std::vector<std::string> inputs = write_pair("a.safetensors", "b.safetensors");
+  const std::string again1 = MakeTempDir("checkpoint_test"),
+                    again2 = MakeTempDir("checkpoint_test");
+  ASSERT_TRUE(PackCheckpoint(inputs, again1).ok());
+  ASSERT_TRUE(PackCheckpoint(inputs, again2).ok());
+  EXPECT_EQ(ReadAll(again1 + "/model.safetensors.index.json"),
+            ReadAll(again2 + "/model.safetensors.index.json"));
+}
+
+// The index is one more file of the all-or-none publish: a failure leaves no index and no
+// temporary file, and puts back an index it would have replaced; a directory in its way fails
+// before any work, or, appearing later, before any rename; a successful pack replaces an older
+// index by a rename (a link to the old one keeps the old bytes). With --verify, an index that
+// does not read back as written fails the pack.
+TEST(CheckpointTest, TheIndexIsPublishedWithTheOutputsAllOrNothing) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(seed);
+  const std::string dir = MakeTempDir("checkpoint_test");
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, seed));
+  WriteCheckpoint(dir + "/a.safetensors", {{"wa", "BF16", {16, 64}, m, true, ""}});
+  WriteCheckpoint(dir + "/b.safetensors", {{"wb", "BF16", {16, 64}, m, true, ""}});
+  const std::vector<std::string> inputs = {dir + "/a.safetensors", dir + "/b.safetensors"};
+  const std::string index = "model.safetensors.index.json";
+
+  // `sabotage` runs once, when every tensor is written but nothing is published yet; `late`
+  // runs on every progress call after that.
+  auto pack_with = [&](const std::string& out, const std::function<void()>& sabotage,
+                       const std::function<void()>& late = nullptr, bool verify = false) {
+    CheckpointPackOptions options;
+    options.verify = verify;
+    bool done = false;
+    options.progress = [&](const PackProgress& p) {
+      if (done && late) late();
+      if (!done && p.tensors_done == p.tensors_total && p.current.empty()) {
+        done = true;
+        sabotage();
+      }
+    };
+    return PackCheckpoint(inputs, out, options);
+  };
+
+  // A directory where the index goes, from the start: refused before any work.
+  const std::string fresh = dir + "/fresh";
+  ASSERT_EQ(::mkdir(fresh.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((fresh + "/" + index).c_str(), 0755), 0);
+  int progress_calls = 0;
+  CheckpointPackOptions counting;
+  counting.progress = [&](const PackProgress&) { ++progress_calls; };
+  absl::StatusOr<CheckpointPackReport> r = PackCheckpoint(inputs, fresh, counting);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("output '" + fresh + "/" + index + "' is a directory"),
+            std::string::npos)
+      << r.status();
+  EXPECT_EQ(progress_calls, 0);
+  ASSERT_EQ(::rmdir((fresh + "/" + index).c_str()), 0);
+
+  // ... or appearing after the checks: the publish refuses it before any rename.
+  r = pack_with(fresh, [&] { ASSERT_EQ(::mkdir((fresh + "/" + index).c_str(), 0755), 0); });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find(fresh + "/" + index), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("directory"), std::string::npos) << r.status();
+  EXPECT_EQ(ListDir(fresh), (std::vector<std::string>{index}));
+  ASSERT_EQ(::rmdir((fresh + "/" + index).c_str()), 0);
+
+  // b's rename fails, after the index's and a's: in a fresh directory neither stays.
+  auto remove_b_temp = [](const std::string& out) {
+    return [out] {
+      for (const std::string& n : ListDir(out)) {
+        if (n.rfind("b.safetensors.tmp.", 0) == 0) ::unlink((out + "/" + n).c_str());
+      }
+    };
+  };
+  r = pack_with(fresh, remove_b_temp(fresh));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot rename"), std::string::npos) << r.status();
+  EXPECT_TRUE(ListDir(fresh).empty()) << ListDir(fresh).size() << " entries left";
+
+  // Over an earlier pack's files: the previous index and a are put back.
+  const std::string out = dir + "/out";
+  ASSERT_EQ(::mkdir(out.c_str(), 0755), 0);
+  WriteAll(out + "/a.safetensors", "the previous a");
+  WriteAll(out + "/" + index, "the previous index");
+  ASSERT_EQ(::link((out + "/" + index).c_str(), (dir + "/old_index").c_str()), 0);
+  r = pack_with(out, remove_b_temp(out));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message().find("rolling back failed"), std::string::npos) << r.status();
+  EXPECT_EQ(ListDir(out), (std::vector<std::string>{"a.safetensors", index}));
+  EXPECT_TRUE(ReadAll(out + "/a.safetensors") == "the previous a") << "the previous a is lost";
+  EXPECT_TRUE(ReadAll(out + "/" + index) == "the previous index") << "the previous index is lost";
+
+  // --verify reads the index back: one changed on disk after it was written (the temporary
+  // file rewritten at the verify's last progress call) fails the pack, naming the tensor.
+  bool rewrote = false;
+  r = pack_with(
+      out, [] {},
+      [&] {
+        for (const std::string& n : ListDir(out)) {
+          if (!rewrote && n.rfind(index + ".tmp.", 0) == 0) {
+            WriteAll(out + "/" + n,
+                     R"({"weight_map": {"wa": "b.safetensors", "wb": "b.safetensors"}})");
+            rewrote = true;
+          }
+        }
+      },
+      /*verify=*/true);
+  ASSERT_TRUE(rewrote) << "no progress call came once the index was written";
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("verify of the index '" + index + "' (written to '" + out +
+                                      "/" + index + ".tmp."),
+            std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find(
+                "tensor 'wa' is in 'a.safetensors', the index gives 'b.safetensors'"),
+            std::string::npos)
+      << r.status();
+  EXPECT_EQ(ListDir(out), (std::vector<std::string>{"a.safetensors", index}));
+  EXPECT_TRUE(ReadAll(out + "/" + index) == "the previous index") << "the previous index is lost";
+
+  // Nothing in the way: the index replaces the previous one by a rename, nothing else left.
+  r = PackCheckpoint(inputs, out);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ListDir(out), (std::vector<std::string>{"a.safetensors", "b.safetensors", index}));
+  ExpectIndex(out, index, {{"wa", "a.safetensors"}, {"wb", "b.safetensors"}});
+  EXPECT_EQ(ReadAll(dir + "/old_index"), "the previous index") << "written through, not renamed";
   EXPECT_TRUE(PackedCheckpoint::Open(out).ok());
 }
 
@@ -1409,6 +1637,7 @@ TEST(CheckpointTest, CommandLine) {
   EXPECT_NE(out.find("dtype F32 (only BF16 is packed)"), std::string::npos) << out;
   EXPECT_NE(out.find("total: packed 4 of 15 tensors"), std::string::npos) << out;
   EXPECT_NE(out.find("every bit matches"), std::string::npos) << out;
+  EXPECT_NE(out.find(" written to 3 file(s) "), std::string::npos) << out;  // the index too
   EXPECT_NE(err.find("100%"), std::string::npos) << err;
   const nlohmann::json report = nlohmann::json::parse(ReadAll(dir + "/report.json"));
   ExpectPackReport(report, shards, true);
@@ -1420,9 +1649,11 @@ TEST(CheckpointTest, CommandLine) {
   EXPECT_NE(out.find(absl::StrFormat(", %.4f bits per weight, ", bits)), std::string::npos)
       << out;
   EXPECT_EQ(report.value("outputs", nlohmann::json()),
-            nlohmann::json({dir + "/packed/a.safetensors", dir + "/packed/b.safetensors"}));
+            nlohmann::json({dir + "/packed/a.safetensors", dir + "/packed/b.safetensors",
+                            dir + "/packed/model.safetensors.index.json"}));
   int64_t file_bytes = 0;
-  for (const char* name : {"/packed/a.safetensors", "/packed/b.safetensors"}) {
+  for (const char* name :
+       {"/packed/a.safetensors", "/packed/b.safetensors", "/packed/model.safetensors.index.json"}) {
     file_bytes += static_cast<int64_t>(ReadAll(dir + name).size());
   }
   EXPECT_EQ(report.value("output_bytes", int64_t{-1}), file_bytes);
@@ -1545,6 +1776,8 @@ TEST(CheckpointTest, CommandLineRefusesAReportOverAnInputOrAnOutput) {
   const std::string dir = real;
   const std::string a = dir + "/a.safetensors";
   WriteCheckpoint(a, SyntheticShards(FreshSeed())[0]);
+  const std::string b = dir + "/b.safetensors";
+  WriteCheckpoint(b, SyntheticShards(FreshSeed())[1]);
   const std::string original = ReadAll(a);
   std::string out, err;
   ASSERT_EQ(RunTool("pack " + a + " -o " + dir + "/packed", &out, &err, dir), 0) << err;
@@ -1576,6 +1809,9 @@ TEST(CheckpointTest, CommandLineRefusesAReportOverAnInputOrAnOutput) {
       {a + " " + dir + "/./a.safetensors -o " + dir + "/p3",
        "the input '" + a + "' is given twice"},
       {a + " -o " + a, "-o " + a + " is not a directory"},
+      // Two inputs: the index written beside them is an output too.
+      {a + " " + b + " -o " + dir + "/p4 --json=" + dir + "/p4/model.safetensors.index.json",
+       "is the index of the packed files"},
   };
   for (const auto& c : cases) {
     EXPECT_EQ(RunTool("pack " + c.args, &out, &err, dir, c.cwd), 2) << c.args << "\n" << err;
@@ -1583,7 +1819,7 @@ TEST(CheckpointTest, CommandLineRefusesAReportOverAnInputOrAnOutput) {
   }
   EXPECT_EQ(ReadAll(a), original);
   EXPECT_EQ(ReadAll(dir + "/packed/a.safetensors"), packed);
-  for (const char* made : {"/p1", "/p2", "/p3", "/sub/x", "/sub/a.safetensors"}) {
+  for (const char* made : {"/p1", "/p2", "/p3", "/p4", "/sub/x", "/sub/a.safetensors"}) {
     EXPECT_FALSE(Exists(dir + made)) << made;
   }
 }

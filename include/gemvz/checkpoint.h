@@ -117,9 +117,9 @@ struct TensorPackReport {
 
 struct CheckpointPackReport {
   std::vector<TensorPackReport> tensors;  // in input order
-  std::vector<std::string> outputs;       // the files written
+  std::vector<std::string> outputs;       // the files written, the index (if any) last
   int64_t input_bytes = 0;                // tensor bytes read
-  int64_t output_bytes = 0;               // file bytes written
+  int64_t output_bytes = 0;               // file bytes written (the index's included)
   int64_t packed_tensors = 0;
   int64_t packed_weights = 0;
   int64_t packed_input_bytes = 0;   // BF16 bytes of the packed tensors
@@ -130,11 +130,19 @@ struct CheckpointPackReport {
 
 // Packs safetensors `inputs` into `out_dir` (created if missing): one output file per input, with
 // the same file name. Every 2-D BF16 tensor whose shape CheckPackableShape accepts is packed; the
-// rest is copied as is. Files appear under their final names only once every one of them has been
-// written (and verified when asked), all or none: a failure leaves `out_dir` as it was (a file
-// that an output would have replaced is restored, directories made for it are removed) and no
-// temporary files. Host memory running out while a tensor is packed or verified is
-// ResourceExhausted, naming the file (and the tensor).
+// rest is copied as is. Two or more outputs also get Hugging Face's index,
+// "<prefix>.safetensors.index.json" (the prefix of inputs all named
+// "<prefix>-NNNNN-of-NNNNN.safetensors", else "model"): every logical tensor (a packed one under
+// its own name) mapped to its output's file name, metadata.total_size the outputs' tensor bytes;
+// verified (read back, each tensor's file checked) when asked; listed last in `outputs`. One
+// output gets none, nor do outputs an index cannot name (not *.safetensors, not UTF-8: a warning
+// says so). Other *.safetensors.index.json files in `out_dir` are left alone (Open reads them
+// all: a stale one naming other files makes it refuse the directory). Files (the index included)
+// appear under their final names only once every one of them has been written (and verified
+// when asked), all or none: a failure leaves `out_dir` as it was (a file that an output would
+// have replaced is restored, directories made for it are removed) and no temporary files. Host
+// memory running out while a tensor is packed or verified is ResourceExhausted, naming the file
+// (and the tensor).
 absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::string>& inputs,
                                                     const std::string& out_dir,
                                                     const CheckpointPackOptions& options = {});

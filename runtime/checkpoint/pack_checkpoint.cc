@@ -15,6 +15,7 @@
 #include "gemvz/checkpoint.h"
 #include "runtime/checkpoint/packed_tensor.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/shard_index.h"
 #include "runtime/common/file_util.h"
 #include "runtime/common/log.h"
 #include "runtime/common/status_macros.h"
@@ -26,6 +27,7 @@ using internal::BaseName;
 using internal::SafetensorsEntry;
 using internal::SafetensorsFile;
 using internal::SafetensorsWriter;
+using internal::StagedFile;
 
 // Kept tensors are copied, and packed ones verified, in pieces of this many bytes, each released
 // from the resident set once done.
@@ -441,6 +443,62 @@ absl::Status Driver::PackFile(const SafetensorsFile& in, const std::string& out_
   return absl::OkStatus();
 }
 
+// The index of the outputs (shard_index.h), staged at `path` for the publish: every logical
+// tensor that was written (a packed one under its own name) mapped to its output's file name;
+// total_size the outputs' tensor bytes (data sections, packed parts included, headers not), as
+// Hugging Face counts it; the outputs' gemvz.format and gemvz.version beside it.
+absl::StatusOr<std::unique_ptr<StagedFile>> StageIndex(
+    const std::string& path, const CheckpointPackReport& report,
+    const std::vector<std::unique_ptr<SafetensorsWriter>>& writers) {
+  std::map<std::string, std::string> weight_map;
+  for (const TensorPackReport& t : report.tensors) weight_map[t.name] = BaseName(t.file);
+  uint64_t total_size = 0;
+  for (const auto& w : writers) total_size += w->data_bytes();
+  const std::string text = internal::ShardIndexJson(
+      weight_map, total_size,
+      {{internal::kMetaFormatKey, internal::kMetaFormatValue},
+       {internal::kMetaVersionKey, std::to_string(kCheckpointFormatVersion)}});
+  return StagedFile::Write(path, [&](const auto& sink) { return sink(text.data(), text.size()); });
+}
+
+// --verify of the index: its temporary file read back and parsed as PackedCheckpoint::Open
+// parses an index, its weight_map must be every tensor of the inputs (each found in its output
+// under its own name by Driver::Verify) mapped to the output of its input, nothing else.
+absl::Status VerifyIndex(const StagedFile& index,
+                         const std::vector<std::unique_ptr<SafetensorsFile>>& inputs) {
+  const std::string name = BaseName(index.path());
+  const std::string where =
+      absl::StrCat("verify of the index '", name, "' (written to '", index.temp_path(), "')");
+  absl::StatusOr<std::string> text =
+      internal::ReadRegularFile(index.temp_path(), internal::kMaxSafetensorsHeaderBytes);
+  if (!text.ok()) return absl::DataLossError(absl::StrCat(where, ": ", text.status().message()));
+  absl::StatusOr<internal::ShardIndex> read = internal::ParseShardIndex(*text, name);
+  if (!read.ok()) {
+    return absl::DataLossError(absl::StrCat(where, ": it ", read.status().message()));
+  }
+  std::map<std::string, std::string> expected;
+  for (const auto& f : inputs) {
+    for (const SafetensorsEntry& e : f->tensors()) expected[e.name] = BaseName(f->path());
+  }
+  for (const auto& [tensor, file] : expected) {
+    auto it = read->weight_map.find(tensor);
+    if (it == read->weight_map.end() || it->second != file) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": tensor '", internal::Escaped(tensor), "' is in '", internal::Escaped(file),
+          "', the index gives ",
+          it == read->weight_map.end() ? "no file"
+                                       : absl::StrCat("'", internal::Escaped(it->second), "'")));
+    }
+  }
+  for (const auto& [tensor, file] : read->weight_map) {
+    if (expected.count(tensor) == 0) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": it names tensor '", internal::Escaped(tensor), "', which no output holds"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::string>& inputs,
@@ -490,9 +548,16 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
   std::vector<std::string> created_dirs;
   absl::Cleanup remove_created_dirs = [&] { internal::RemoveCreatedDirectories(created_dirs); };
   RETURN_IF_ERROR(internal::CreateDirectories(out_dir, &created_dirs));
+  // Two or more outputs get an index of their tensors (shard_index.h), published with them.
+  std::vector<std::string> out_names;
+  for (const auto& f : files) out_names.push_back(BaseName(f->path()));
+  std::string no_index;
+  const std::string index_name = internal::ShardIndexNameFor(out_names, &no_index);
+  if (!no_index.empty()) GEMVZ_LOG_WARNING("no index written beside the outputs: %s", no_index);
   // Packing into the input's own directory would replace the input with its packed version. A
-  // directory where an output goes would make the publish fail: better now than after the work
-  // (the publish checks again).
+  // directory where an output (or the index) goes would make the publish fail: better now than
+  // after the work (the publish checks again).
+  std::vector<std::string> out_paths;
   for (const auto& f : files) {
     const std::string out_path = absl::StrCat(out_dir, "/", BaseName(f->path()));
     struct stat in_st, out_st;
@@ -501,6 +566,12 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
       return absl::InvalidArgumentError(
           absl::StrCat("output '", out_path, "' is the input itself; choose another -o"));
     }
+    out_paths.push_back(out_path);
+  }
+  const std::string index_path = index_name.empty() ? "" : absl::StrCat(out_dir, "/", index_name);
+  if (!index_path.empty()) out_paths.push_back(index_path);
+  for (const std::string& out_path : out_paths) {
+    struct stat out_st;
     if (::lstat(out_path.c_str(), &out_st) == 0 && S_ISDIR(out_st.st_mode)) {
       return absl::FailedPreconditionError(
           absl::StrCat("output '", out_path, "' is a directory; nothing was written"));
@@ -524,11 +595,26 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
     RETURN_IF_ERROR(driver.PackFile(*f, absl::StrCat(out_dir, "/", BaseName(f->path())), &w));
     writers.push_back(std::move(w));
   }
+  // The index is one more file of the same publish (renamed first, see PublishTogether).
+  std::unique_ptr<StagedFile> index;
+  std::vector<StagedFile*> publish_also;
+  if (!index_path.empty()) {
+    ASSIGN_OR_RETURN(index, StageIndex(index_path, report, writers));
+    if (options.verify) {
+      driver.Progress("", "verify");
+      RETURN_IF_ERROR(VerifyIndex(*index, files));
+    }
+    publish_also.push_back(index.get());
+  }
   std::vector<SafetensorsWriter*> publish;
   for (auto& w : writers) publish.push_back(w.get());
-  RETURN_IF_ERROR(SafetensorsWriter::PublishTogether(publish));
+  RETURN_IF_ERROR(SafetensorsWriter::PublishTogether(publish, publish_also));
   std::move(remove_created_dirs).Cancel();
   for (auto& w : writers) report.outputs.push_back(w->path());
+  if (index != nullptr) {
+    report.outputs.push_back(index->path());
+    report.output_bytes += static_cast<int64_t>(index->size());
+  }
 
   for (const TensorPackReport& r : report.tensors) {
     report.input_bytes += r.input_bytes;

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "gemvz/checkpoint.h"
 #include "nlohmann/json.hpp"
+#include "runtime/checkpoint/shard_index.h"
 #include "runtime/common/file_util.h"
 #include "runtime/common/log.h"
 #include "tools/gemvz/bench_support.h"
@@ -40,7 +41,10 @@ constexpr char kPackUsage[] =
     "NAME.z12.row_offsets, NAME.z12.entries, NAME.z12.dense_block_offsets, NAME.z12.dense_rows "
     "and\n"
     "NAME.z12.dense_values, described by the metadata entry gemvz.z12.NAME (format, version,\n"
-    "shape, window, CRC32C per part, statistics). See docs/CHECKPOINTS.md.\n"
+    "shape, window, CRC32C per part, statistics). Two or more inputs also get Hugging Face's\n"
+    "index, OUT_DIR/<prefix>.safetensors.index.json (the prefix of inputs named\n"
+    "<prefix>-NNNNN-of-NNNNN.safetensors, else model), published with them. See\n"
+    "docs/CHECKPOINTS.md.\n"
     "\n"
     "Inputs are memory-mapped and processed one tensor at a time. Outputs are written under\n"
     "temporary names, fsynced, and renamed into place only once all of them are complete (and\n"
@@ -60,7 +64,8 @@ constexpr char kPackUsage[] =
     "flags:\n"
     "  -o, --o=DIR         output directory (required)\n"
     "  --verify            reopen every written file, unpack every packed tensor and compare\n"
-    "                      its bits, and every kept tensor's bytes, with the input\n"
+    "                      its bits, and every kept tensor's bytes, with the input; read the\n"
+    "                      index back and check that it gives each tensor's file\n"
     "  --j=N               packing threads (default 0: all cores)\n"
     "  --keep_nonfinite    keep 2-D BF16 tensors with Inf/NaN unpacked (default: refuse them)\n"
     "  --json=FILE         also write the report as JSON (schema gemvz.pack/1)\n"
@@ -288,6 +293,11 @@ int RunPack(const std::vector<std::string>& args) {
     others.push_back({absl::StrCat("the input '", in, "'"), in});
     others.push_back({absl::StrCat("where '", in, "' is packed to"),
                       absl::StrCat(out, "/", internal::BaseName(in))});
+  }
+  std::vector<std::string> out_names;
+  for (const std::string& in : args) out_names.push_back(internal::BaseName(in));
+  if (const std::string index = internal::ShardIndexNameFor(out_names); !index.empty()) {
+    others.push_back({"the index of the packed files", absl::StrCat(out, "/", index)});
   }
   for (const absl::Status& st : {CheckOutputFile("json", into_new_out ? "" : json_path),
                                  CheckOutputIsNoneOf("json", json_path, others)}) {
