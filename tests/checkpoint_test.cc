@@ -660,16 +660,22 @@ TEST(CheckpointTest, ConflictingInputsAreRefused) {
   }
 }
 
+// Two inputs in `dir`, a.safetensors and b.safetensors, each one packable 16 x 64 BF16 matrix
+// ("wa", "wb") drawn from `seed`: their paths.
+std::vector<std::string> WriteTwoInputs(const std::string& dir, uint64_t seed) {
+  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, seed));
+  WriteCheckpoint(dir + "/a.safetensors", {{"wa", "BF16", {16, 64}, m, true, ""}});
+  WriteCheckpoint(dir + "/b.safetensors", {{"wb", "BF16", {16, 64}, m, true, ""}});
+  return {dir + "/a.safetensors", dir + "/b.safetensors"};
+}
+
 // A failure while publishing several outputs leaves the output directory as it was: outputs
 // published before the failing one are taken back, and the files they replaced restored.
 TEST(CheckpointTest, PublishingIsAllOrNothing) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);
   const std::string dir = MakeTempDir("checkpoint_test");
-  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, seed));
-  WriteCheckpoint(dir + "/a.safetensors", {{"wa", "BF16", {16, 64}, m, true, ""}});
-  WriteCheckpoint(dir + "/b.safetensors", {{"wb", "BF16", {16, 64}, m, true, ""}});
-  const std::vector<std::string> inputs = {dir + "/a.safetensors", dir + "/b.safetensors"};
+  const std::vector<std::string> inputs = WriteTwoInputs(dir, seed);
   const std::string out = dir + "/out";
   ASSERT_EQ(::mkdir(out.c_str(), 0755), 0);
   // An earlier pack's a.safetensors (a stand-in): a failed pack must not lose it.
@@ -845,10 +851,7 @@ TEST(CheckpointTest, TheIndexIsPublishedWithTheOutputsAllOrNothing) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(seed);
   const std::string dir = MakeTempDir("checkpoint_test");
-  const std::string m = Bf16Bytes(RandomMatrix(16, 64, Distribution::kNormal, seed));
-  WriteCheckpoint(dir + "/a.safetensors", {{"wa", "BF16", {16, 64}, m, true, ""}});
-  WriteCheckpoint(dir + "/b.safetensors", {{"wb", "BF16", {16, 64}, m, true, ""}});
-  const std::vector<std::string> inputs = {dir + "/a.safetensors", dir + "/b.safetensors"};
+  const std::vector<std::string> inputs = WriteTwoInputs(dir, seed);
   const std::string index = "model.safetensors.index.json";
 
   // `sabotage` runs once, when every tensor is written but nothing is published yet; `late`
