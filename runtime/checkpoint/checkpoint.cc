@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,11 +36,6 @@ struct CheckpointState {
 };
 
 namespace {
-
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // What a checkpoint path holds: the files to open and, for a directory, its indexes.
 struct CheckpointLayout {
@@ -101,8 +97,8 @@ absl::StatusOr<std::vector<ShardIndex>> ReadShardIndexes(const std::string& dir,
   std::set<std::string> shards;
   std::set<std::string> index_names;  // sorted: the same one is at fault on every run
   for (const std::string& name : names) {
-    if (EndsWith(name, ".safetensors")) shards.insert(name);
-    if (EndsWith(name, kShardIndexSuffix)) index_names.insert(name);
+    if (absl::EndsWith(name, ".safetensors")) shards.insert(name);
+    if (absl::EndsWith(name, kShardIndexSuffix)) index_names.insert(name);
   }
   std::vector<ShardIndex> indexes;
   for (const std::string& name : index_names) {
@@ -137,7 +133,7 @@ absl::StatusOr<CheckpointLayout> CheckpointFiles(const std::string& path) {
   ASSIGN_OR_RETURN(std::vector<ShardIndex> indexes, ReadShardIndexes(path, listing.names));
   std::vector<std::string> files;
   for (const std::string& name : listing.names) {
-    if (EndsWith(name, ".safetensors")) files.push_back(absl::StrCat(path, "/", name));
+    if (absl::EndsWith(name, ".safetensors")) files.push_back(absl::StrCat(path, "/", name));
   }
   std::sort(files.begin(), files.end());
   if (files.empty()) {

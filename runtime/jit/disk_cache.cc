@@ -14,6 +14,7 @@
 #include <ctime>
 #include <initializer_list>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "runtime/common/env.h"
@@ -114,10 +115,6 @@ bool IsHexKey(std::string_view s) {
   return true;
 }
 
-bool EndsWith(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
@@ -175,7 +172,7 @@ void SweepFiles(std::initializer_list<const std::string*> dirs, Pred remove) {
       struct stat st;
       if (::stat(path.c_str(), &st) != 0) continue;
       if (!remove(dir, name, now - static_cast<int64_t>(st.st_mtim.tv_sec))) continue;
-      if (EndsWith(name, kLockSuffix)) {
+      if (absl::EndsWith(name, kLockSuffix)) {
         RemoveUnheldLock(path);
       } else {
         RemoveFile(path);
@@ -440,7 +437,7 @@ absl::StatusOr<std::vector<DiskEntryInfo>> DiskCache::List(bool verify) const {
   if (!names.ok()) return names.status();
   std::vector<DiskEntryInfo> out;
   for (const std::string& name : *names) {
-    if (!EndsWith(name, kEntrySuffix)) continue;  // temporary files of live writers
+    if (!absl::EndsWith(name, kEntrySuffix)) continue;  // temporary files of live writers
     const std::string key = name.substr(0, name.size() - (sizeof(kEntrySuffix) - 1));
     DiskEntryInfo info;
     info.key = key;
@@ -508,7 +505,7 @@ absl::StatusOr<PruneResult> DiskCache::Prune(int64_t max_bytes, std::string_view
                                               int64_t age) {
     const bool temp = name.find(".tmp.") != std::string::npos && age > kStaleTempSeconds;
     const bool orphan_lock =
-        dir == &locks_dir_ && EndsWith(name, kLockSuffix) && age > kStaleLockSeconds &&
+        dir == &locks_dir_ && absl::EndsWith(name, kLockSuffix) && age > kStaleLockSeconds &&
         ::access(EntryPath(name.substr(0, name.size() - 5)).c_str(), F_OK) != 0;
     return temp || orphan_lock;
   });
@@ -537,7 +534,7 @@ absl::StatusOr<int> DiskCache::Clear() {
   // place) and stays.
   SweepFiles({&kernels_dir_, &locks_dir_},
              [&](const std::string* dir, const std::string& name, int64_t age) {
-               const bool lock = dir == &locks_dir_ && EndsWith(name, kLockSuffix);
+               const bool lock = dir == &locks_dir_ && absl::EndsWith(name, kLockSuffix);
                const bool temp = name.find(".tmp.") != std::string::npos && age > kStaleLockSeconds;
                return lock || temp;
              });
