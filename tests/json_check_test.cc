@@ -45,5 +45,19 @@ TEST(CheckJsonTextTest, RefusesDeepNestingRepeatedKeysAndBadSyntax) {
   }
 }
 
+// A JSON string holds UTF-8 only: names from outside (file names are bytes) are checked before
+// they are written, since the strict dump would throw.
+TEST(JsonCanCarryTest, ValidUtf8OnlyWithoutThrowing) {
+  for (const std::string ok : {std::string(""), std::string("model-00001-of-00002.safetensors"),
+                               std::string("gr\xc3\xbc\xc3\x9f.safetensors"),
+                               std::string("a\0b", 3), std::string("\xe2\x82\xac")}) {
+    EXPECT_TRUE(JsonCanCarry(ok)) << ok;
+  }
+  for (const std::string bad : {std::string("\xff.safetensors"), std::string("a\xc3"),
+                                std::string("\xe2\x82"), std::string("\xc0\xaf")}) {
+    EXPECT_FALSE(JsonCanCarry(bad)) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace gemvz::internal

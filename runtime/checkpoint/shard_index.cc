@@ -67,16 +67,6 @@ std::string HuggingFaceShardPrefix(const std::string& name) {
   return name.substr(0, index);
 }
 
-// Whether JSON carries `s` unchanged: valid UTF-8 (nlohmann's dump throws on anything else).
-bool JsonCarries(const std::string& s) {
-  try {
-    (void)nlohmann::json(s).dump();
-  } catch (const nlohmann::json::type_error&) {
-    return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 std::string ShardIndexNameFor(const std::vector<std::string>& shard_names, std::string* why_none) {
@@ -85,7 +75,7 @@ std::string ShardIndexNameFor(const std::vector<std::string>& shard_names, std::
   std::string prefix;
   bool one_prefix = true;
   for (const std::string& n : shard_names) {
-    if (!IsShardFileName(n) || !JsonCarries(n)) {
+    if (!IsShardFileName(n) || !JsonCanCarry(n)) {
       if (why_none != nullptr) {
         *why_none = absl::StrCat("'", Escaped(n),
                                  "' is not a *.safetensors file name that an index can hold "

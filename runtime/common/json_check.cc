@@ -85,4 +85,13 @@ absl::Status CheckJsonText(std::string_view text, int max_depth, bool refuse_dup
   return absl::InvalidArgumentError(checker.fault().empty() ? "not valid JSON" : checker.fault());
 }
 
+bool JsonCanCarry(std::string_view s) {
+  try {
+    (void)Json(std::string(s)).dump();
+  } catch (const Json::type_error&) {
+    return false;
+  }
+  return true;
+}
+
 }  // namespace gemvz::internal

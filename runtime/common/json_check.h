@@ -20,4 +20,9 @@ inline constexpr int kMaxJsonDepth = 64;
 // the parser's own syntax error.
 absl::Status CheckJsonText(std::string_view text, int max_depth, bool refuse_duplicate_keys);
 
+// Whether a JSON string can hold `s` as it is: valid UTF-8, which nlohmann's strict dump needs (it
+// throws on other bytes). For names from outside (file names, device names) before they are
+// written into JSON.
+bool JsonCanCarry(std::string_view s);
+
 }  // namespace gemvz::internal

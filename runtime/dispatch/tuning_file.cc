@@ -75,9 +75,7 @@ absl::Status CheckChoice(const TunedChoice& c) {
     }
   }
   // JSON strings are UTF-8: the serializer would throw out of SaveTunedChoices on other bytes.
-  try {
-    (void)Json(c.device).dump();
-  } catch (const Json::exception&) {
+  if (!internal::JsonCanCarry(c.device)) {
     return absl::InvalidArgumentError(
         absl::StrCat("device '", internal::Escaped(c.device), "' is not valid UTF-8"));
   }
