@@ -548,25 +548,27 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
   std::vector<std::string> created_dirs;
   absl::Cleanup remove_created_dirs = [&] { internal::RemoveCreatedDirectories(created_dirs); };
   RETURN_IF_ERROR(internal::CreateDirectories(out_dir, &created_dirs));
-  // Two or more outputs get an index of their tensors (shard_index.h), published with them.
-  std::vector<std::string> out_names;
-  for (const auto& f : files) out_names.push_back(BaseName(f->path()));
+  // Each input's output, under its file name in out_dir; then the index, which two or more
+  // outputs get (shard_index.h), published with them.
+  std::vector<std::string> out_names, out_paths;
+  for (const auto& f : files) {
+    out_names.push_back(BaseName(f->path()));
+    out_paths.push_back(absl::StrCat(out_dir, "/", out_names.back()));
+  }
   std::string no_index;
   const std::string index_name = internal::ShardIndexNameFor(out_names, &no_index);
   if (!no_index.empty()) GEMVZ_LOG_WARNING("no index written beside the outputs: %s", no_index);
   // Packing into the input's own directory would replace the input with its packed version. A
   // directory where an output (or the index) goes would make the publish fail: better now than
   // after the work (the publish checks again).
-  std::vector<std::string> out_paths;
-  for (const auto& f : files) {
-    const std::string out_path = absl::StrCat(out_dir, "/", BaseName(f->path()));
+  for (size_t i = 0; i < files.size(); ++i) {
     struct stat in_st, out_st;
-    if (::stat(f->path().c_str(), &in_st) == 0 && ::stat(out_path.c_str(), &out_st) == 0 &&
-        in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino) {
+    if (::stat(files[i]->path().c_str(), &in_st) == 0 &&
+        ::stat(out_paths[i].c_str(), &out_st) == 0 && in_st.st_dev == out_st.st_dev &&
+        in_st.st_ino == out_st.st_ino) {
       return absl::InvalidArgumentError(
-          absl::StrCat("output '", out_path, "' is the input itself; choose another -o"));
+          absl::StrCat("output '", out_paths[i], "' is the input itself; choose another -o"));
     }
-    out_paths.push_back(out_path);
   }
   const std::string index_path = index_name.empty() ? "" : absl::StrCat(out_dir, "/", index_name);
   if (!index_path.empty()) out_paths.push_back(index_path);
@@ -590,9 +592,9 @@ absl::StatusOr<CheckpointPackReport> PackCheckpoint(const std::vector<std::strin
   // Writers that are never published remove their temporary files when destroyed. Every file the
   // pack writes into out_dir must be one of these writers, or join the same PublishTogether.
   std::vector<std::unique_ptr<SafetensorsWriter>> writers;
-  for (const auto& f : files) {
+  for (size_t i = 0; i < files.size(); ++i) {
     std::unique_ptr<SafetensorsWriter> w;
-    RETURN_IF_ERROR(driver.PackFile(*f, absl::StrCat(out_dir, "/", BaseName(f->path())), &w));
+    RETURN_IF_ERROR(driver.PackFile(*files[i], out_paths[i], &w));
     writers.push_back(std::move(w));
   }
   // The index is one more file of the same publish (renamed first, see PublishTogether).
