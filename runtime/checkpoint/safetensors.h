@@ -22,12 +22,6 @@ namespace gemvz::internal {
 // know (sub-byte types included).
 absl::StatusOr<int> SafetensorsDtypeSize(const std::string& dtype);
 
-// What `path` is when it is not a regular file, following links: "a directory", "a FIFO", "a
-// socket", "a character device", "a block device", or "a symbolic link to 'T', which does not
-// exist"; "" for a regular file, or one that cannot be looked up otherwise (opening it says why).
-// Looked up without opening anything: a FIFO does not wait for a writer, a device is not opened.
-std::string NotARegularFile(const std::string& path);
-
 // The reader refuses headers above this size, like the reference implementation.
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{100} << 20;
 

@@ -34,6 +34,12 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
 // rename must not replace. False for a regular file, a directory, nothing, or a dangling link.
 bool IsSpecialFile(const std::string& path);
 
+// What `path` is when it is not a regular file, following links: "a directory", "a FIFO", "a
+// socket", "a character device", "a block device", or "a symbolic link to 'T', which does not
+// exist"; "" for a regular file, or one that cannot be looked up otherwise (opening it says why).
+// Looked up without opening anything: a FIFO does not wait for a writer, a device is not opened.
+std::string NotARegularFile(const std::string& path);
+
 // Publishes `data` under `path` atomically: temporary file in the same directory (unique per
 // process and thread), write, fsync, rename, fsync of the directory. On any failure the
 // temporary file is removed and `path` is untouched. A `path` that is a device, FIFO or socket,
