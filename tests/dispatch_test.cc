@@ -213,6 +213,54 @@ TEST_F(TuningFileTest, MissingFileIsEmpty) {
   EXPECT_FALSE(fs::exists(path_));  // loading creates nothing
 }
 
+// What `gemvz warmup --tuned` compiles: the file's kernels for one arch exactly, every GPU's,
+// each once (splits and a repeat are one kernel), in the file's order; an unreadable file is
+// an error, a missing one none.
+TEST_F(TuningFileTest, TunedWarmupConfigsAreTheArchsDistinctKernels) {
+  absl::StatusOr<std::vector<KernelConfig>> none = TunedWarmupConfigs("sm_90");
+  ASSERT_TRUE(none.ok()) << Msg(none.status());
+  EXPECT_TRUE(none->empty());
+
+  const KernelConfig a{WeightFormat::kZ12, 8, 2, 1, 3, 1};
+  KernelConfig a4 = a;  // another split count: the same kernel
+  a4.splits = 4;
+  KernelConfig a_gm = a;  // another weight order: another kernel
+  a_gm.order = WeightOrder::kGroupMajor;
+  const KernelConfig b{WeightFormat::kBf16, 4, 1, 2, 0, 1};
+  const KernelConfig c{WeightFormat::kZ12, 4, 1, 1, 0, 1};
+  std::vector<TunedChoice> choices = {
+      {"sm_90", WeightFormat::kZ12, 8, 4096, 8192, a, 10.0, "NVIDIA H200"},
+      {"sm_90", WeightFormat::kZ12, 1, 4096, 8192, a4, 11.0, "NVIDIA H200"},
+      {"sm_90", WeightFormat::kBf16, 16, 4096, 8192, b, 12.0, ""},
+      {"sm_90", WeightFormat::kZ12, 8, 6144, 4096, a_gm, 13.0, "NVIDIA H100 80GB HBM3"},
+      {"sm_90a", WeightFormat::kZ12, 8, 4096, 4096, c, 14.0, ""},
+      {"sm_80", WeightFormat::kZ12, 1, 4096, 4096, c, 15.0, ""},
+  };
+  ASSERT_TRUE(SaveTunedChoices(choices).ok());
+  absl::StatusOr<std::vector<KernelConfig>> sm90 = TunedWarmupConfigs("sm_90");
+  ASSERT_TRUE(sm90.ok()) << Msg(sm90.status());
+  std::multiset<std::string> names;
+  for (const KernelConfig& k : *sm90) {
+    EXPECT_EQ(k.splits, 1) << k.ToString();
+    names.insert(k.KernelName());
+  }
+  EXPECT_EQ(names, (std::multiset<std::string>{a.KernelName(), a_gm.KernelName(), b.KernelName()}));
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    absl::StatusOr<std::vector<KernelConfig>> other = TunedWarmupConfigs(arch);
+    ASSERT_TRUE(other.ok()) << Msg(other.status());
+    ASSERT_EQ(other->size(), 1u) << arch;
+    EXPECT_EQ((*other)[0].KernelName(), c.KernelName()) << arch;
+  }
+  absl::StatusOr<std::vector<KernelConfig>> sm89 = TunedWarmupConfigs("sm_89");
+  ASSERT_TRUE(sm89.ok()) << Msg(sm89.status());
+  EXPECT_TRUE(sm89->empty());
+
+  WriteAll(path_, "{\"version\": 1, \"entries\": [");
+  absl::StatusOr<std::vector<KernelConfig>> bad = TunedWarmupConfigs("sm_90");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(Msg(bad.status()).find(path_), std::string::npos) << Msg(bad.status());
+}
+
 TEST_F(TuningFileTest, WhitespaceOnlyFileIsEmpty) {
   WriteAll(path_, " \n\t\n");
   absl::StatusOr<std::vector<TunedChoice>> loaded = Load();
@@ -1617,6 +1665,9 @@ TEST(DefaultWarmupTest, DistinctKernelsOfTheTableAndTheHeuristic) {
   }
   for (const HeuristicFamilyKernel& k : HeuristicFamilyKernels()) {  // unseen shapes start warm
     EXPECT_TRUE(names.contains(k.config.KernelName())) << k.config.KernelName();
+    // in either weight order: the heuristic serves a matrix uploaded group-major too
+    const KernelConfig gm = internal::InOrder(k.config, WeightOrder::kGroupMajor);
+    EXPECT_TRUE(names.contains(gm.KernelName())) << gm.KernelName();
   }
   // Above 16 rows the suite runs the table's m = 24 and 32 rows (their kernels are above).
   for (const auto& nk : kSuite) {

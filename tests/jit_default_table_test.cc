@@ -43,11 +43,16 @@ TEST(DefaultTableTest, CompilesForSm90WithoutSpillsAndWarmsTheCache) {
     EXPECT_GT(r.registers, 0) << r.config.ToString();
     // Three kernels spill up to 12 bytes, each a table row measured faster than every kernel
     // that does not (tuned_table.cc): 10240x8192 at m = 16, 8192x28672 and 4096x4096 at m = 24.
-    // Any other spill, or a larger one, is a change of the compiler or the sources. (The counts
-    // are CUDA 13.0's NVRTC on the CI machine; the H200 host's gave 8 bytes for the first.)
-    static const std::map<std::string, int> kKnownSpills = {{"z12.nw4.ug4.nb2.pipe5.rb2.gm", 12},
-                                                            {"z12.nw7.ug2.nb3.pipe4.rb2.gm", 8},
-                                                            {"z12.nw8.ug2.nb3.pipe4", 12}};
+    // Five more are the heuristic's kernels in group-major order, which it picks for a matrix
+    // uploaded so with no entry for its shape: its families were measured block-major, and these
+    // spill only with group-major addressing. Any other spill, or a larger one, is a change of
+    // the compiler or the sources. (The counts are CUDA 13.0's NVRTC on the CI machine; the H200
+    // host's gave 8 bytes for the first.)
+    static const std::map<std::string, int> kKnownSpills = {
+        {"z12.nw4.ug4.nb2.pipe5.rb2.gm", 12}, {"z12.nw7.ug2.nb3.pipe4.rb2.gm", 8},
+        {"z12.nw8.ug2.nb3.pipe4", 12},        {"z12.nw8.ug2.nb1.pipe6.gm", 12},
+        {"z12.nw8.ug4.nb1.pipe6.gm", 104},    {"z12.nw4.ug1.nb2.pipe8.gm", 28},
+        {"z12.nw16.ug4.nb3.pipe3.gm", 28},    {"z12.nw4.ug2.nb4.pipe0.gm", 12}};
     const auto known = kKnownSpills.find(r.config.KernelName());
     const int allowed = known == kKnownSpills.end() ? 0 : known->second;
     EXPECT_LE(r.spill_bytes, allowed) << r.config.ToString() << " spills " << r.spill_bytes

@@ -159,6 +159,48 @@ TEST_F(ToolTest, BadConfigurationLineIsNamed) {
   EXPECT_NE(arch.err.find("sm90"), std::string::npos) << arch.err;
 }
 
+// `warmup --tuned` compiles the tuning file's kernels for the target arch, e.g. a file that
+// `tune --save` wrote on another machine; with nothing to warm it fails and says why.
+TEST_F(ToolTest, WarmupTunedCompilesTheTuningFilesKernelsForTheArch) {
+  TempDir cache;
+  const std::string file = tmp_.Join("tuning.json");
+  ASSERT_TRUE(internal::AtomicWriteFile(file,
+                                        R"({"version": 1, "entries": [
+  {"arch": "sm_90", "format": "z12", "m": 8, "n": 4096, "k": 8192,
+   "config": "z12.nw4.ug1.nb1.pipe0.s2", "time_us": 10.0},
+  {"arch": "sm_90", "format": "z12", "m": 1, "n": 4096, "k": 8192,
+   "config": "z12.nw4.ug1.nb1.pipe0.s4", "time_us": 9.0},
+  {"arch": "sm_80", "format": "bf16", "m": 8, "n": 4096, "k": 8192,
+   "config": "bf16.nw4.ug1.nb1.pipe0.s1", "time_us": 10.0}]})")
+                  .ok());
+  const std::string env = absl::StrCat("GEMVZ_TUNING_FILE='", file, "'");
+  RunResult r = Run("warmup --tuned --arch=sm_90", cache.path(), env);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("z12.nw4.ug1.nb1.pipe0"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("bf16."), std::string::npos) << "another arch's entry: " << r.out;
+  EXPECT_NE(r.out.find("1 compiled, 0 hits"), std::string::npos) << r.out;  // two splits, one
+  EXPECT_EQ(ListFiles(cache.Join("kernels")).size(), 1u);
+
+  RunResult other = Run("warmup --tuned --arch=sm_89", cache.path(), env);
+  EXPECT_EQ(other.code, 1) << other.out;
+  EXPECT_NE(other.err.find("no entries for sm_89 (it has entries for sm_80, sm_90"),
+            std::string::npos)
+      << other.err;
+  RunResult missing = Run("warmup --tuned --arch=sm_90", cache.path(),
+                          absl::StrCat("GEMVZ_TUNING_FILE='", tmp_.Join("none.json"), "'"));
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.err.find("there is no tuning file at"), std::string::npos) << missing.err;
+  ASSERT_TRUE(internal::AtomicWriteFile(tmp_.Join("bad.json"), "{\"version\": 1,").ok());
+  RunResult bad = Run("warmup --tuned --arch=sm_90", cache.path(),
+                      absl::StrCat("GEMVZ_TUNING_FILE='", tmp_.Join("bad.json"), "'"));
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("bad.json"), std::string::npos) << bad.err;
+  RunResult both = Run("warmup --tuned z12.nw4.ug1.nb1.pipe0", cache.path(), env);
+  EXPECT_EQ(both.code, 2);
+  EXPECT_NE(both.err.find("one way only"), std::string::npos) << both.err;
+  EXPECT_EQ(ListFiles(cache.Join("kernels")).size(), 1u);  // none of these compiled anything
+}
+
 TEST_F(ToolTest, CacheListVerifyPruneClear) {
   TempDir cache;
   ASSERT_EQ(
@@ -295,8 +337,8 @@ TEST_F(ToolTest, UnwritableCacheFailsWarmupWithOneWarning) {
 TEST_F(ToolTest, UsageTextsAreComplete) {
   RunResult w = Run("warmup --help", tmp_.path());
   EXPECT_EQ(w.code, 0);
-  for (const char* s : {"usage:", "--arch", "--configs", "--all_default", "--j", "--json",
-                        "examples:", "GEMVZ_CACHE_DIR"}) {
+  for (const char* s : {"usage:", "--arch", "--configs", "--all_default", "--tuned", "--j",
+                        "--json", "examples:", "GEMVZ_CACHE_DIR"}) {
     EXPECT_NE(w.out.find(s), std::string::npos) << s;
   }
   RunResult c = Run("cache --help", tmp_.path());

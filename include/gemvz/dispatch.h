@@ -66,4 +66,11 @@ KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm
 // `gemvz warmup --all_default` compiles.
 std::vector<KernelConfig> DefaultWarmupConfigs();
 
+// The distinct kernels (splits ignored) of the tuning file's entries for `arch` exactly (every
+// GPU's entries; the dispatcher reads no other arch's, sm_90's for sm_90a included), in the
+// file's order: what `gemvz warmup --tuned` compiles and `--all_default` adds to the defaults, so
+// that a tuning file copied to a serving machine starts warm there too. Empty when there is no
+// file; the file's error when it cannot be read.
+absl::StatusOr<std::vector<KernelConfig>> TunedWarmupConfigs(const std::string& arch);
+
 }  // namespace gemvz

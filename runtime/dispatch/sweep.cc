@@ -83,7 +83,26 @@ std::vector<KernelConfig> DefaultWarmupConfigs() {
   for (const internal::HeuristicFamilyKernel& k : internal::HeuristicFamilyKernels()) {
     add(k.config);
   }
+  // The same in the other weight order: the heuristic serves any order (InOrder), and a 12-bit
+  // matrix is uploaded group-major where its shape's tuning-file entries or table rows are, or
+  // where UploadOptions or GEMVZ_WEIGHT_ORDER say so; then m without an entry of its own
+  // (2..7, say, when m = 1, 8 and 16 were tuned) runs the heuristic's group-major kernels.
+  for (const internal::HeuristicFamilyKernel& k : internal::HeuristicFamilyKernels()) {
+    if (k.config.format == WeightFormat::kZ12) {
+      add(internal::InOrder(k.config, WeightOrder::kGroupMajor));
+    }
+  }
   return internal::DistinctKernels(all);
+}
+
+absl::StatusOr<std::vector<KernelConfig>> TunedWarmupConfigs(const std::string& arch) {
+  absl::StatusOr<std::vector<TunedChoice>> choices = LoadTunedChoices();
+  if (!choices.ok()) return choices.status();
+  std::vector<KernelConfig> out;
+  for (const TunedChoice& c : *choices) {
+    if (c.arch == arch) out.push_back(c.config);
+  }
+  return internal::DistinctKernels(out);
 }
 
 }  // namespace gemvz

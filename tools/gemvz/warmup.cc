@@ -5,12 +5,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "gemvz/dispatch.h"
 #include "gemvz/runtime.h"
 #include "nlohmann/json.hpp"
@@ -28,7 +30,10 @@ ABSL_FLAG(std::string, configs, "",
           "warmup: file of configurations, one per line (z12.nw8.ug2.nb2.pipe3.s1), '#' comments; "
           "'-' reads stdin");
 ABSL_FLAG(bool, all_default, false,
-          "warmup: the library's default table (gemvz::DefaultWarmupConfigs())");
+          "warmup: the library's default table (gemvz::DefaultWarmupConfigs()) and the tuning "
+          "file's kernels");
+ABSL_FLAG(bool, tuned, false,
+          "warmup: the tuning file's kernels for the target arch (gemvz::TunedWarmupConfigs())");
 
 namespace gemvz::cli {
 namespace {
@@ -36,7 +41,8 @@ namespace {
 constexpr char kWarmupUsage[] =
     "gemvz warmup: precompile kernels into the disk cache, so a serving process starts warm.\n"
     "\n"
-    "usage: gemvz warmup [--arch=ARCH] [--configs=FILE | --all_default] [--j=N] [--json=FILE]\n"
+    "usage: gemvz warmup [--arch=ARCH] [--configs=FILE | --all_default | --tuned] [--j=N]\n"
+    "                    [--json=FILE]\n"
     "       gemvz warmup [--arch=ARCH] [--j=N] CONFIG [CONFIG ...]\n"
     "\n"
     "Compiles each configuration with NVRTC for one target architecture, several at a time, and\n"
@@ -56,8 +62,15 @@ constexpr char kWarmupUsage[] =
     "                   input. More than 16 MiB (/dev/zero) is a usage error.\n"
     "  --all_default    every distinct kernel of the built-in tuned table, of the heuristic\n"
     "                   over the benchmark suite, and every kernel the heuristic's shaped rule\n"
-    "                   can pick for other shapes (gemvz::DefaultWarmupConfigs()); this is\n"
-    "                   what runs when no configuration is given at all\n"
+    "                   can pick for other shapes, in both weight orders\n"
+    "                   (gemvz::DefaultWarmupConfigs()); then those of --tuned, when the\n"
+    "                   tuning file can be read (else a warning says why not); this is what\n"
+    "                   runs when no configuration is given at all\n"
+    "  --tuned          the kernels of the tuning file's entries for ARCH\n"
+    "                   (gemvz::TunedWarmupConfigs(): GEMVZ_TUNING_FILE, else\n"
+    "                   <cache dir>/tuning.json), e.g. a file 'gemvz tune --save' wrote on\n"
+    "                   another machine; no file, no entry for ARCH, or a file that cannot be\n"
+    "                   read is an error (exit 1)\n"
     "  --j=N            compiles in parallel (default 0: one per core)\n"
     "  --json=FILE      also write the results as JSON: {arch, threads, seconds, compiled, hits,\n"
     "                   failed, cache_dir, results: [{config, from_disk, ms, registers,\n"
@@ -74,6 +87,7 @@ constexpr char kWarmupUsage[] =
     "environment:\n"
     "  GEMVZ_CACHE_DIR           cache directory (else $XDG_CACHE_HOME/gemvz, else "
     "~/.cache/gemvz)\n"
+    "  GEMVZ_TUNING_FILE         the tuning file (else <cache dir>/tuning.json)\n"
     "  GEMVZ_DISABLE_DISK_CACHE  1: compile only, persist nothing\n"
     "  GEMVZ_CACHE_MAX_BYTES     size cap of the cache (default 1G; least recently used go first)\n"
     "  GEMVZ_NVRTC_OPTIONS       extra NVRTC options (part of the cache key)\n"
@@ -83,16 +97,20 @@ constexpr char kWarmupUsage[] =
     "examples:\n"
     "  gemvz warmup --all_default --arch=sm_90 --j=2\n"
     "  gemvz warmup --configs=serving_configs.txt\n"
+    "  GEMVZ_TUNING_FILE=tuning.json gemvz warmup --tuned --arch=sm_90\n"
     "  gemvz warmup z12.nw8.ug2.nb2.pipe3 bf16.nw4.ug2.nb1.pipe3 --arch=sm_90a\n"
     "  GEMVZ_CACHE_DIR=/srv/gemvz-cache gemvz warmup --all_default\n";
 
 absl::StatusOr<std::vector<KernelConfig>> GatherConfigs(const std::vector<std::string>& args) {
   const std::string file = absl::GetFlag(FLAGS_configs);
   const bool all_default = absl::GetFlag(FLAGS_all_default);
-  const int sources = (file.empty() ? 0 : 1) + (all_default ? 1 : 0) + (args.empty() ? 0 : 1);
+  const bool tuned = absl::GetFlag(FLAGS_tuned);
+  const int sources =
+      (file.empty() ? 0 : 1) + (all_default ? 1 : 0) + (tuned ? 1 : 0) + (args.empty() ? 0 : 1);
   if (sources > 1) {
     return absl::InvalidArgumentError(
-        "give configurations one way only: --configs=FILE, --all_default, or on the command line");
+        "give configurations one way only: --configs=FILE, --all_default, --tuned, or on the "
+        "command line");
   }
   std::vector<KernelConfig> configs;
   if (!file.empty()) {
@@ -117,10 +135,60 @@ absl::StatusOr<std::vector<KernelConfig>> GatherConfigs(const std::vector<std::s
       }
       configs.push_back(*c);
     }
-  } else {
+  } else if (!tuned) {
     configs = DefaultWarmupConfigs();
   }
-  return internal::DistinctKernels(configs);
+  return internal::DistinctKernels(configs);  // --tuned's come once the arch is known
+}
+
+// Adds the tuning file's kernels for `arch` to `configs` (--tuned, or the defaults) and says
+// how many were not there already; false when the run must stop (--tuned with nothing to warm).
+bool AddTunedConfigs(const std::string& arch, bool required, std::vector<KernelConfig>& configs,
+                     size_t& added) {
+  added = 0;
+  const std::string path = TuningFilePath();
+  absl::StatusOr<std::vector<KernelConfig>> tuned = TunedWarmupConfigs(arch);
+  if (!tuned.ok()) {
+    const std::string why(tuned.status().message());
+    if (required) {
+      std::fprintf(stderr, "gemvz warmup: %s\n", why.c_str());
+      return false;
+    }
+    std::fprintf(stderr,
+                 "gemvz warmup: warning: %s; its kernels are not warmed (the dispatcher runs "
+                 "without the file too)\n",
+                 why.c_str());
+    return true;
+  }
+  if (required && tuned->empty()) {
+    if (path.empty()) {
+      std::fprintf(stderr,
+                   "gemvz warmup: --tuned: there is no tuning file (the disk cache is disabled "
+                   "and GEMVZ_TUNING_FILE is not set)\n");
+    } else if (struct stat st; ::stat(path.c_str(), &st) != 0) {
+      std::fprintf(stderr,
+                   "gemvz warmup: --tuned: there is no tuning file at %s ('gemvz tune --save' "
+                   "writes one; GEMVZ_TUNING_FILE names another)\n",
+                   path.c_str());
+    } else {
+      std::set<std::string> archs;  // the file was just read: it reads again
+      for (const TunedChoice& c : LoadTunedChoices().value_or(std::vector<TunedChoice>{})) {
+        archs.insert(c.arch);
+      }
+      std::fprintf(stderr, "gemvz warmup: --tuned: the tuning file %s has no entries for %s%s\n",
+                   path.c_str(), arch.c_str(),
+                   archs.empty() ? " (it has none at all)"
+                                 : absl::StrCat(" (it has entries for ", absl::StrJoin(archs, ", "),
+                                                "; --arch chooses)")
+                                       .c_str());
+    }
+    return false;
+  }
+  const size_t before = configs.size();
+  configs.insert(configs.end(), tuned->begin(), tuned->end());
+  configs = internal::DistinctKernels(configs);
+  added = configs.size() - before;
+  return true;
 }
 
 // How many of `results` have no entry in the disk cache at `cache_dir`.
@@ -162,10 +230,22 @@ int RunWarmup(const std::vector<std::string>& args) {
   }
   int threads = *threads_or;
   if (threads <= 0) threads = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  const bool tuned_only = absl::GetFlag(FLAGS_tuned);
+  size_t tuned_added = 0;
+  // The defaults (--all_default, or nothing given) take the tuning file's kernels too.
+  const bool defaults = !tuned_only && absl::GetFlag(FLAGS_configs).empty() && args.empty();
+  if (tuned_only || defaults) {
+    if (!AddTunedConfigs(*arch, tuned_only, *configs, tuned_added)) return 1;
+  }
   const std::string cache_dir = CacheDirectory();
-  std::fprintf(stderr, "gemvz warmup: %zu kernels for %s on %d threads into %s\n", configs->size(),
-               arch->c_str(), threads,
-               cache_dir.empty() ? "memory only (disk cache disabled)" : cache_dir.c_str());
+  std::fprintf(
+      stderr, "gemvz warmup: %zu kernels for %s on %d threads into %s%s\n", configs->size(),
+      arch->c_str(), threads,
+      cache_dir.empty() ? "memory only (disk cache disabled)" : cache_dir.c_str(),
+      tuned_added == 0 || tuned_only
+          ? ""
+          : absl::StrCat(" (", tuned_added, " of them from the tuning file ", TuningFilePath(), ")")
+                .c_str());
 
   const JitCounters before = GetJitCounters();
   const auto start = std::chrono::steady_clock::now();
@@ -280,4 +360,4 @@ int RunWarmup(const std::vector<std::string>& args) {
 
 GEMVZ_REGISTER_COMMAND(warmup, "warmup", "precompile kernels into the disk cache (no GPU needed)",
                        gemvz::cli::kWarmupUsage, gemvz::cli::RunWarmup,
-                       "arch configs all_default j json");
+                       "arch configs all_default tuned j json");
