@@ -377,7 +377,7 @@ TEST_F(CliTest, BadArchOutputPathsAndRangesFailBeforeAnyWork) {
   EXPECT_EQ(space.rc, 2);
   EXPECT_CONTAINS(space.err, "Is a directory");
   // An empty value (a variable that was not set) is not the flag's default: an empty --configs
-  // is not the default set of 113 kernels, an empty --cache_max_bytes not the default cap, an
+  // is not the default set of 150 kernels, an empty --cache_max_bytes not the default cap, an
   // empty --json not "no report", in every command, either way a value is given.
   for (const std::vector<std::string>& args :
        std::vector<std::vector<std::string>>{{"warmup", "--configs="},

@@ -198,7 +198,45 @@ TEST_F(ToolTest, WarmupTunedCompilesTheTuningFilesKernelsForTheArch) {
   RunResult both = Run("warmup --tuned z12.nw4.ug1.nb1.pipe0", cache.path(), env);
   EXPECT_EQ(both.code, 2);
   EXPECT_NE(both.err.find("one way only"), std::string::npos) << both.err;
+  RunResult over =
+      Run(absl::StrCat("warmup --tuned --arch=sm_90 --json=", file), cache.path(), env);
+  EXPECT_EQ(over.code, 2);
+  EXPECT_NE(over.err.find("is the tuning file"), std::string::npos) << over.err;
   EXPECT_EQ(ListFiles(cache.Join("kernels")).size(), 1u);  // none of these compiled anything
+
+  // The defaults take the file's kernels first. An NVRTC option that NVRTC refuses makes every
+  // compile fail at once, so the run shows what it would warm without compiling 150 kernels.
+  const std::string fail = absl::StrCat(env, " GEMVZ_NVRTC_OPTIONS=--no-such-option");
+  const std::string report = tmp_.Join("d.json");
+  RunResult d = Run(absl::StrCat("warmup --arch=sm_90 --json=", report), cache.path(), fail);
+  EXPECT_EQ(d.code, 1) << d.out << d.err;  // the failed compiles
+  EXPECT_NE(d.err.find(absl::StrCat("(the tuning file ", file,
+                                    "'s 1 first, 1 of them not among the defaults)")),
+            std::string::npos)
+      << d.err;
+  absl::StatusOr<std::string> json = internal::ReadFile(report);
+  ASSERT_TRUE(json.ok()) << json.status();
+  const nlohmann::json j = nlohmann::json::parse(*json);
+  EXPECT_EQ(j["tuning_file"], file);
+  EXPECT_EQ(j["tuning_file_kernels"], 1);
+  ASSERT_GT(j["results"].size(), 100u);
+  EXPECT_EQ(j["results"][0]["config"], "z12.nw4.ug1.nb1.pipe0");
+  RunResult all = Run("warmup --all_default --arch=sm_90", cache.path(), fail);
+  EXPECT_EQ(CountOccurrences(all.out, "FAILED"), CountOccurrences(d.out, "FAILED"));
+  // A tuning file with no entry for the arch is a note; one that cannot be read a warning; the
+  // defaults are warmed (here: tried) either way.
+  RunResult sm89 = Run("warmup --arch=sm_89", cache.path(), fail);
+  EXPECT_NE(sm89.err.find("note: the tuning file"), std::string::npos) << sm89.err;
+  EXPECT_NE(sm89.err.find("has no entries for sm_89 (it has entries for sm_80, sm_90"),
+            std::string::npos)
+      << sm89.err;
+  RunResult corrupt = Run("warmup --arch=sm_90", cache.path(),
+                          absl::StrCat("GEMVZ_TUNING_FILE='", tmp_.Join("bad.json"),
+                                       "' GEMVZ_NVRTC_OPTIONS=--no-such-option"));
+  EXPECT_EQ(corrupt.code, 1);
+  EXPECT_NE(corrupt.err.find("warning:"), std::string::npos) << corrupt.err;
+  EXPECT_NE(corrupt.err.find("its kernels are not warmed"), std::string::npos) << corrupt.err;
+  EXPECT_GT(CountOccurrences(corrupt.out, "FAILED"), 100) << corrupt.out;
 }
 
 TEST_F(ToolTest, CacheListVerifyPruneClear) {

@@ -61,9 +61,10 @@ WeightOrder PreferredOrder(const std::string& arch, int64_t n, int64_t k,
 // The dispatcher's choice without a tuned entry.
 KernelConfig HeuristicConfig(const GemvShape& shape, WeightFormat format, int sm_count = 132);
 
-// The distinct kernels (splits ignored) of the built-in table, of the heuristic for the suite,
-// and every kernel the heuristic's shaped rule can pick for other shapes: what
-// `gemvz warmup --all_default` compiles.
+// The distinct kernels (splits ignored) of the built-in table (each row in its own weight order),
+// of the heuristic for the suite, and every kernel the heuristic's shaped rule can pick for other
+// shapes, the 12-bit ones in both weight orders: what `gemvz warmup --all_default` compiles after
+// the tuning file's (TunedWarmupConfigs).
 std::vector<KernelConfig> DefaultWarmupConfigs();
 
 // The distinct kernels (splits ignored) of the tuning file's entries for `arch` exactly (every

@@ -16,6 +16,7 @@
 #include "gemvz/dispatch.h"
 #include "gemvz/runtime.h"
 #include "nlohmann/json.hpp"
+#include "runtime/common/env.h"
 #include "runtime/common/file_util.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/dispatch/dispatcher.h"
@@ -60,12 +61,12 @@ constexpr char kWarmupUsage[] =
     "                   (as in tune's --space); an invalid line stops the run before\n"
     "                   anything is compiled and is named as FILE:LINE. '-' reads standard\n"
     "                   input. More than 16 MiB (/dev/zero) is a usage error.\n"
-    "  --all_default    every distinct kernel of the built-in tuned table, of the heuristic\n"
-    "                   over the benchmark suite, and every kernel the heuristic's shaped rule\n"
-    "                   can pick for other shapes, in both weight orders\n"
-    "                   (gemvz::DefaultWarmupConfigs()); then those of --tuned, when the\n"
-    "                   tuning file can be read (else a warning says why not); this is what\n"
-    "                   runs when no configuration is given at all\n"
+    "  --all_default    those of --tuned first, when the tuning file can be read (else a\n"
+    "                   warning says why not); then every distinct kernel of the built-in\n"
+    "                   tuned table, of the heuristic over the benchmark suite, and every\n"
+    "                   kernel the heuristic's shaped rule can pick for other shapes, in both\n"
+    "                   weight orders (gemvz::DefaultWarmupConfigs()); this is what runs\n"
+    "                   when no configuration is given at all\n"
     "  --tuned          the kernels of the tuning file's entries for ARCH\n"
     "                   (gemvz::TunedWarmupConfigs(): GEMVZ_TUNING_FILE, else\n"
     "                   <cache dir>/tuning.json), e.g. a file 'gemvz tune --save' wrote on\n"
@@ -73,8 +74,9 @@ constexpr char kWarmupUsage[] =
     "                   read is an error (exit 1)\n"
     "  --j=N            compiles in parallel (default 0: one per core)\n"
     "  --json=FILE      also write the results as JSON: {arch, threads, seconds, compiled, hits,\n"
-    "                   failed, cache_dir, results: [{config, from_disk, ms, registers,\n"
-    "                   spill_bytes, shared_bytes}, or {config, error} for one that failed]}\n"
+    "                   failed, cache_dir, tuning_file, tuning_file_kernels, results:\n"
+    "                   [{config, from_disk, ms, registers, spill_bytes, shared_bytes}, or\n"
+    "                   {config, error} for one that failed]}\n"
     "\n"
     "output: progress on stderr, one line per finished kernel; then on stdout one line per kernel\n"
     "(kernel, arch, compiled or hit, milliseconds, registers, spill bytes, static shared bytes;\n"
@@ -82,7 +84,8 @@ constexpr char kWarmupUsage[] =
     "and a summary. A failed compile stops no other kernel. Kernels that spill registers are\n"
     "flagged. Exit status: 0 when every kernel compiled and is in the cache (with the disk cache\n"
     "disabled: compiled), 1 on a failed compile, an unwritable cache or one whose size cap cannot\n"
-    "hold them all, 2 on bad usage.\n"
+    "hold them all, or --tuned with nothing to warm, 2 on bad usage (--json may not name the\n"
+    "--configs file, nor the tuning file when the run reads it).\n"
     "\n"
     "environment:\n"
     "  GEMVZ_CACHE_DIR           cache directory (else $XDG_CACHE_HOME/gemvz, else "
@@ -141,11 +144,29 @@ absl::StatusOr<std::vector<KernelConfig>> GatherConfigs(const std::vector<std::s
   return internal::DistinctKernels(configs);  // --tuned's come once the arch is known
 }
 
-// Adds the tuning file's kernels for `arch` to `configs` (--tuned, or the defaults) and says
-// how many were not there already; false when the run must stop (--tuned with nothing to warm).
+// The tuning file's share of a warm-up (--tuned, or the defaults).
+struct TunedPart {
+  std::string file;    // the file whose kernels were taken ("" when none were)
+  size_t kernels = 0;  // its kernels for the arch
+  size_t added = 0;    // of them, not among the other configurations
+};
+
+// The archs that the tuning file's entries are for (it was just read: it reads again).
+std::string ArchsInTheTuningFile() {
+  std::set<std::string> archs;
+  for (const TunedChoice& c : LoadTunedChoices().value_or(std::vector<TunedChoice>{})) {
+    archs.insert(c.arch);
+  }
+  return absl::StrJoin(archs, ", ");
+}
+
+// Puts the tuning file's kernels for `arch` first in `configs`: the dispatcher prefers its
+// entries, so those are the kernels that a warm-up cut short should have done. `required`
+// (--tuned): a file that cannot be read, or nothing to warm, is an error (false: stop); else
+// it is a warning, or nothing when there is no file, as the dispatcher takes it.
 bool AddTunedConfigs(const std::string& arch, bool required, std::vector<KernelConfig>& configs,
-                     size_t& added) {
-  added = 0;
+                     TunedPart& part) {
+  part = TunedPart{};
   const std::string path = TuningFilePath();
   absl::StatusOr<std::vector<KernelConfig>> tuned = TunedWarmupConfigs(arch);
   if (!tuned.ok()) {
@@ -160,34 +181,36 @@ bool AddTunedConfigs(const std::string& arch, bool required, std::vector<KernelC
                  why.c_str());
     return true;
   }
-  if (required && tuned->empty()) {
-    if (path.empty()) {
-      std::fprintf(stderr,
-                   "gemvz warmup: --tuned: there is no tuning file (the disk cache is disabled "
-                   "and GEMVZ_TUNING_FILE is not set)\n");
-    } else if (struct stat st; ::stat(path.c_str(), &st) != 0) {
+  if (tuned->empty()) {
+    struct stat st;
+    const bool exists = !path.empty() && ::stat(path.c_str(), &st) == 0;
+    const std::string archs = exists ? ArchsInTheTuningFile() : "";
+    if (required && path.empty()) {
+      std::fprintf(stderr, "gemvz warmup: --tuned: there is no tuning file (%s)\n",
+                   internal::GetEnvBool("GEMVZ_DISABLE_DISK_CACHE", false)
+                       ? "the disk cache is disabled and GEMVZ_TUNING_FILE is not set"
+                       : "no cache directory: set GEMVZ_CACHE_DIR, or GEMVZ_TUNING_FILE");
+    } else if (required && !exists) {
       std::fprintf(stderr,
                    "gemvz warmup: --tuned: there is no tuning file at %s ('gemvz tune --save' "
                    "writes one; GEMVZ_TUNING_FILE names another)\n",
                    path.c_str());
-    } else {
-      std::set<std::string> archs;  // the file was just read: it reads again
-      for (const TunedChoice& c : LoadTunedChoices().value_or(std::vector<TunedChoice>{})) {
-        archs.insert(c.arch);
-      }
-      std::fprintf(stderr, "gemvz warmup: --tuned: the tuning file %s has no entries for %s%s\n",
-                   path.c_str(), arch.c_str(),
-                   archs.empty() ? " (it has none at all)"
-                                 : absl::StrCat(" (it has entries for ", absl::StrJoin(archs, ", "),
-                                                "; --arch chooses)")
-                                       .c_str());
+    } else if (exists && (required || !archs.empty())) {
+      std::fprintf(stderr, "gemvz warmup: %s the tuning file %s has no entries for %s%s\n",
+                   required ? "--tuned:" : "note:", path.c_str(), arch.c_str(),
+                   archs.empty()
+                       ? " (it has none at all)"
+                       : absl::StrCat(" (it has entries for ", archs, "; --arch chooses)").c_str());
     }
-    return false;
+    return !required;
   }
-  const size_t before = configs.size();
-  configs.insert(configs.end(), tuned->begin(), tuned->end());
-  configs = internal::DistinctKernels(configs);
-  added = configs.size() - before;
+  std::vector<KernelConfig> all = *tuned;
+  all.insert(all.end(), configs.begin(), configs.end());
+  const size_t others = configs.size();
+  configs = internal::DistinctKernels(all);
+  part.file = path;
+  part.kernels = tuned->size();
+  part.added = configs.size() - others;
   return true;
 }
 
@@ -213,11 +236,17 @@ int RunWarmup(const std::vector<std::string>& args) {
     std::fprintf(stderr, "gemvz warmup: %s\n", std::string(arch.status().message()).c_str());
     return 2;
   }
+  const bool tuned_only = absl::GetFlag(FLAGS_tuned);
+  // The defaults (--all_default, or nothing given) take the tuning file's kernels too.
+  const bool defaults = !tuned_only && absl::GetFlag(FLAGS_configs).empty() && args.empty();
+  const bool reads_tuning_file = tuned_only || defaults;
   const std::string json_path = absl::GetFlag(FLAGS_json);
   for (const absl::Status& st :
        {CheckOutputFile("json", json_path),
-        CheckOutputIsNoneOf("json", json_path,
-                            {{"the --configs file", absl::GetFlag(FLAGS_configs)}})}) {
+        CheckOutputIsNoneOf(
+            "json", json_path,
+            {{"the --configs file", absl::GetFlag(FLAGS_configs)},
+             {"the tuning file", reads_tuning_file ? TuningFilePath() : std::string()}})}) {
     if (!st.ok()) {
       std::fprintf(stderr, "gemvz warmup: %s\n", std::string(st.message()).c_str());
       return 2;
@@ -230,22 +259,19 @@ int RunWarmup(const std::vector<std::string>& args) {
   }
   int threads = *threads_or;
   if (threads <= 0) threads = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
-  const bool tuned_only = absl::GetFlag(FLAGS_tuned);
-  size_t tuned_added = 0;
-  // The defaults (--all_default, or nothing given) take the tuning file's kernels too.
-  const bool defaults = !tuned_only && absl::GetFlag(FLAGS_configs).empty() && args.empty();
-  if (tuned_only || defaults) {
-    if (!AddTunedConfigs(*arch, tuned_only, *configs, tuned_added)) return 1;
-  }
+  TunedPart tuned;
+  if (reads_tuning_file && !AddTunedConfigs(*arch, tuned_only, *configs, tuned)) return 1;
   const std::string cache_dir = CacheDirectory();
-  std::fprintf(
-      stderr, "gemvz warmup: %zu kernels for %s on %d threads into %s%s\n", configs->size(),
-      arch->c_str(), threads,
-      cache_dir.empty() ? "memory only (disk cache disabled)" : cache_dir.c_str(),
-      tuned_added == 0 || tuned_only
-          ? ""
-          : absl::StrCat(" (", tuned_added, " of them from the tuning file ", TuningFilePath(), ")")
-                .c_str());
+  std::string from_file;
+  if (tuned_only) {
+    from_file = absl::StrCat(" (the tuning file ", tuned.file, "'s)");
+  } else if (!tuned.file.empty()) {
+    from_file = absl::StrCat(" (the tuning file ", tuned.file, "'s ", tuned.kernels, " first, ",
+                             tuned.added, " of them not among the defaults)");
+  }
+  std::fprintf(stderr, "gemvz warmup: %zu kernels%s for %s on %d threads into %s\n",
+               configs->size(), from_file.c_str(), arch->c_str(), threads,
+               cache_dir.empty() ? "memory only (disk cache disabled)" : cache_dir.c_str());
 
   const JitCounters before = GetJitCounters();
   const auto start = std::chrono::steady_clock::now();
@@ -336,6 +362,8 @@ int RunWarmup(const std::vector<std::string>& args) {
     j["hits"] = hits;
     j["cache_dir"] = cache_dir;
     j["failed"] = failed;
+    j["tuning_file"] = tuned.file;
+    j["tuning_file_kernels"] = tuned.kernels;
     for (size_t i = 0; i < each.size(); ++i) {
       if (!each[i].ok()) {
         j["results"].push_back({{"config", (*configs)[i].KernelName()},
