@@ -46,7 +46,8 @@ KernelConfig RandomValidConfig(std::mt19937_64& rng) {
   if (c.format == WeightFormat::kZ12 && c.nw + 1 >= 2 * c.nb && rng() % 2) c.rb = 2;
   // and read group-major weights.
   if (c.format == WeightFormat::kZ12 && rng() % 2) c.order = WeightOrder::kGroupMajor;
-  while (c.shared_bytes() > kMaxStaticSharedBytes) --c.nw;  // what no kernel may declare
+  // what no kernel may declare, or no GPU launch
+  while (c.shared_bytes() > kMaxStaticSharedBytes || c.threads() > kMaxThreadsPerBlock) --c.nw;
   return c;
 }
 
@@ -494,9 +495,16 @@ TEST(ValidateTest, NwAtLeastNb) {
 }
 
 TEST(ValidateTest, ThreadsPerBlock) {
-  // z12 adds the exception warp: 32 streaming warps make 33 * 32 = 1056 threads.
+  // z12 adds the exception warp: 32 streaming warps make 33 * 32 = 1056 threads, more than any
+  // GPU launches, so the configuration alone is refused (by Parse and warm-up too, before NVRTC).
   const KernelConfig z{WeightFormat::kZ12, 32, 1, 1, 3, 1};
-  ExpectRule(z, GemvShape{1, 4096, 4096}, "threads per block 1056 exceed the device limit 1024");
+  const std::string rule =
+      "configuration z12.nw32.ug1.nb1.pipe3.s1 is invalid: 1056 threads per block (NW = 32 and "
+      "the exception warp) exceed 1024, the most any GPU launches in one block";
+  EXPECT_EQ(Msg(Validate(z, GemvShape{1, 4096, 4096})), rule);
+  EXPECT_EQ(Msg(ValidateConfig(z)), rule);
+  EXPECT_CONTAINS(Msg(KernelConfig::Parse("z12.nw32.ug1.nb1.pipe3").status()), "1056 threads");
+  EXPECT_TRUE(ValidateConfig(KernelConfig{WeightFormat::kZ12, 31, 1, 1, 3, 1}).ok());
   const KernelConfig b{WeightFormat::kBf16, 32, 1, 1, 3, 1};
   EXPECT_TRUE(Validate(b, GemvShape{1, 4096, 4096}).ok());
   DeviceLimits small;

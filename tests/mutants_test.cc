@@ -46,7 +46,7 @@ TEST(Mutants, EachAppliesToExactlyOnePlace) {
                          << " (edit tools/mutants.tsv with the code it mutates)";
     ++mutants;
   }
-  EXPECT_GE(mutants, 258) << "the table lost mutants";
+  EXPECT_GE(mutants, 259) << "the table lost mutants";
 }
 
 }  // namespace

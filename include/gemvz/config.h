@@ -88,6 +88,8 @@ struct GemvShape {
 
 // The static shared memory any kernel may declare (ptxas's limit on every architecture).
 constexpr int64_t kMaxStaticSharedBytes = 48 * 1024;
+// The threads any GPU launches in one block (every architecture CUDA 13 targets).
+constexpr int kMaxThreadsPerBlock = 1024;
 
 // What Validate needs to know about the target GPU.
 struct DeviceLimits {
@@ -104,7 +106,8 @@ DeviceLimits DefaultDeviceLimits();
 
 // The configuration alone: value ranges, NW >= NB, NW + 1 >= RB * NB except at RB 4 (the first
 // RB*NB*32 threads do the final reduction; RB 4's combine takes the fragments in turns), RB 4 with
-// S = 1 only, and static shared memory within kMaxStaticSharedBytes.
+// S = 1 only, threads per block within kMaxThreadsPerBlock (z12's exception warp included: its
+// NW is at most 31) and static shared memory within kMaxStaticSharedBytes.
 absl::Status ValidateConfig(const KernelConfig& config);
 // The configuration against a shape and a device. The message names the rule that fails.
 absl::Status Validate(const KernelConfig& config, const GemvShape& shape,

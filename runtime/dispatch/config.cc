@@ -208,6 +208,14 @@ absl::Status ValidateConfig(const KernelConfig& c) {
     return fail(absl::StrCat("NW + 1 >= RB * NB is required: the first RB*NB*32 threads do the ",
                              "final reduction (NW=", c.nw, ", RB=", c.rb, ", NB=", c.nb, ")"));
   }
+  // No GPU launches more than 1024 threads a block, so such a kernel would be compiled and cached
+  // for nothing.
+  if (c.threads() > kMaxThreadsPerBlock) {
+    return fail(absl::StrCat(c.threads(), " threads per block (NW = ", c.nw,
+                             c.format == WeightFormat::kZ12 ? " and the exception warp" : "",
+                             ") exceed ", kMaxThreadsPerBlock,
+                             ", the most any GPU launches in one block"));
+  }
   // No GPU lets a kernel declare more than 48 KiB of static shared memory (ptxas refuses it), so
   // such a configuration cannot be compiled at all, whatever the shape or device.
   if (c.shared_bytes() > kMaxStaticSharedBytes) {
